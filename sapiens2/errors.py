@@ -1,0 +1,17 @@
+"""Exceptions raised by the sapiens2 package."""
+
+
+class Sapiens2Error(Exception):
+    """Base class of every error raised by sapiens2."""
+
+
+class ConfigError(Sapiens2Error, ValueError):
+    """A config value is missing, malformed or not supported by this implementation."""
+
+
+class CheckpointError(Sapiens2Error):
+    """A checkpoint cannot be read or does not match the model it is loaded into."""
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No checkpoint exists at the given repo id, directory or file."""
