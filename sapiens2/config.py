@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sapiens2.errors import CheckpointNotFoundError, ConfigError
-
-ACTIVATIONS = ("silu", "swish", "gelu", "relu")
+from sapiens2.layers import ACTIVATIONS
 
 
 def _pair(name: str, value: Any) -> tuple[int, int]:
@@ -225,7 +224,8 @@ class Sapiens2Config:
 
     def _check_supported(self) -> None:
         if self.hidden_act not in ACTIVATIONS:
-            raise ConfigError(f"hidden_act: {self.hidden_act!r} is not supported (supported: {ACTIVATIONS})")
+            supported = sorted(ACTIVATIONS)
+            raise ConfigError(f"hidden_act: {self.hidden_act!r} is not supported (supported: {supported})")
         if not self.use_gated_mlp:
             raise ConfigError("use_gated_mlp: False is not supported (every Sapiens2 checkpoint uses SwiGLU)")
         if self.dtype is not None and not isinstance(self.dtype, str):

@@ -1,0 +1,167 @@
+"""Building blocks of the Sapiens2 ViT: patch embedding, 2D RoPE, GQA attention, SwiGLU, transformer block."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Activation modules by their config.json name (`hidden_act`).
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "silu": nn.SiLU,
+    "swish": nn.SiLU,
+    "gelu": nn.GELU,
+    "relu": nn.ReLU,
+}
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square normalization over the last dimension, computed in float32, with a learned scale."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype) * self.weight
+
+
+class LayerScale(nn.Module):
+    """Per-channel learned scaling of a residual branch."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.weight
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patches to tokens: (B, C, H, W) -> (B, H/p * W/p, dim) and the patch grid size."""
+
+    def __init__(self, in_channels: int, dim: int, patch_size: tuple[int, int]) -> None:
+        super().__init__()
+        self.projection = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, pixel_values: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        x = self.projection(pixel_values)
+        grid = (x.shape[-2], x.shape[-1])
+        return x.flatten(2).transpose(1, 2), grid
+
+
+@lru_cache(maxsize=16)
+def rope_tables(
+    grid: tuple[int, int],
+    head_dim: int,
+    theta: float,
+    num_prefix: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[Tensor, Tensor]:
+    """cos and signed-sin tables (tokens, 1, head_dim) of the 2D RoPE; identity on the prefix tokens.
+
+    Patch centres are placed on [-1, 1] separately along height and width; each quarter of the head
+    channels rotates with one frequency of one axis, in the layout [y, x, y, x].
+    """
+    with torch.inference_mode(False):
+        height, width = grid
+        inv_freq = 1 / theta ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=device)
+        ys = torch.arange(0.5, height, dtype=torch.float32, device=device) / height
+        xs = torch.arange(0.5, width, dtype=torch.float32, device=device) / width
+        coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)
+        coords = 2.0 * coords - 1.0
+        angles = (2 * math.pi * coords[:, :, None] * inv_freq).flatten(1, 2).tile(2)
+        cos, sin = angles.cos(), angles.sin()
+        half = head_dim // 2
+        # rotate_half(x) * sin == swap_halves(x) * [-sin, sin], so the sign lives in the table.
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        cos = torch.cat((cos.new_ones(num_prefix, head_dim), cos))
+        sin = torch.cat((sin.new_zeros(num_prefix, head_dim), sin))
+        return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate (B, tokens, heads, head_dim) queries or keys by the tables of `rope_tables`."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos, swapped, sin)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with grouped key/value heads, QK RMSNorm and 2D RoPE on patch tokens."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        qk_norm: bool = True,
+        eps: float = 1e-6,
+        query_bias: bool = True,
+        key_bias: bool = True,
+        value_bias: bool = True,
+        proj_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = dim // num_heads
+        kv_dim = num_kv_heads * self.head_dim
+        self.wq = nn.Linear(dim, dim, bias=query_bias)
+        self.wk = nn.Linear(dim, kv_dim, bias=key_bias)
+        self.wv = nn.Linear(dim, kv_dim, bias=value_bias)
+        self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.gamma = LayerScale(dim)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        batch, tokens, dim = x.shape
+        q = self.q_norm(self.wq(x).view(batch, tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(self.wk(x).view(batch, tokens, self.num_kv_heads, self.head_dim))
+        v = self.wv(x).view(batch, tokens, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )
+        return self.gamma(self.proj(out.transpose(1, 2).reshape(batch, tokens, dim)))
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward: w3(act(x W1) * x W2) with W1 and W2 stored stacked as one `w12` projection."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, bias: bool = True, activation: str = "silu") -> None:
+        super().__init__()
+        self.w12 = nn.Linear(dim, 2 * hidden_dim, bias=bias)
+        self.w3 = nn.Linear(hidden_dim, dim, bias=bias)
+        self.act = ACTIVATIONS[activation]()
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w12(x).chunk(2, dim=-1)
+        return self.w3(self.act(gate) * up)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + gamma * attn(ln1(x)), then x + ffn(ln2(x))."""
+
+    def __init__(self, attn: Attention, ffn: SwiGLU, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.ln1 = RMSNorm(dim, eps)
+        self.attn = attn
+        self.ln2 = RMSNorm(dim, eps)
+        self.ffn = ffn
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        x = x + self.attn(self.ln1(x), rope)
+        return x + self.ffn(self.ln2(x))
