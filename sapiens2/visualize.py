@@ -54,8 +54,18 @@ def _text(canvas: np.ndarray, text: str, origin: tuple[int, int], scale: float, 
     cv2.putText(canvas, text, origin, _FONT, scale, color, thickness, cv2.LINE_AA)
 
 
-def _field(person: Any, name: str) -> Any:
-    return person[name] if isinstance(person, Mapping) else getattr(person, name)
+def person_arrays(person: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """box (4,) x, y, w, h, keypoints (K, 2) and scores (K,) of a person given as a mapping or an object."""
+
+    def field(name: str) -> np.ndarray:
+        value = person[name] if isinstance(person, Mapping) else getattr(person, name)
+        return np.asarray(value, dtype=np.float64)
+
+    box, keypoints, scores = field("box").reshape(4), field("keypoints").reshape(-1, 2), field("scores")
+    scores = scores.reshape(-1)
+    if len(scores) != len(keypoints):
+        raise ValueError(f"{len(keypoints)} keypoints but {len(scores)} scores")
+    return box, keypoints, scores
 
 
 def _small_keypoints(meta: KeypointMeta) -> np.ndarray:
@@ -85,9 +95,7 @@ def draw_pose(
     image_unit = max(canvas.shape[:2]) / 640
     limit = 8 * max(canvas.shape[:2])  # keeps wild coordinates inside OpenCV's integer range
     for person in persons:
-        box = np.asarray(_field(person, "box"), dtype=np.float64).reshape(4)
-        keypoints = np.asarray(_field(person, "keypoints"), dtype=np.float64).reshape(-1, 2)
-        scores = np.asarray(_field(person, "scores"), dtype=np.float64).reshape(-1)
+        box, keypoints, scores = person_arrays(person)
         unit = max(0.5, min(image_unit, max(box[2], box[3]) / 320))
         thickness, radius = max(1, round(2 * unit)), max(2, round(3 * unit))
         small_radius = max(1, round(unit))
@@ -204,8 +212,8 @@ def depth_picture(depth: np.ndarray, foreground_mask: np.ndarray) -> np.ndarray:
     return _fill_where(colors, ~valid, DEPTH_BACKGROUND)
 
 
-def _alpha8(alpha: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:
-    """Alpha in [0, 1] (or already uint8) as uint8 0-255."""
+def alpha_to_uint8(alpha: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:
+    """An (H, W) alpha matte in [0, 1] (or already uint8) as uint8 0-255, rounded."""
     alpha = _plane(alpha, shape, "alpha")
     if alpha.dtype == np.uint8:
         return alpha
@@ -214,7 +222,7 @@ def _alpha8(alpha: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarr
 
 def alpha_picture(alpha: np.ndarray) -> np.ndarray:
     """The alpha matte (H, W) in [0, 1] as a grey picture: white is foreground."""
-    return cv2.cvtColor(_alpha8(alpha), cv2.COLOR_GRAY2RGB)
+    return cv2.cvtColor(alpha_to_uint8(alpha), cv2.COLOR_GRAY2RGB)
 
 
 def checkerboard(height: int, width: int, cell: int | None = None) -> np.ndarray:
@@ -229,7 +237,7 @@ def checkerboard(height: int, width: int, cell: int | None = None) -> np.ndarray
 def cutout_on_checkerboard(image: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     """The image blended over a checkerboard by the alpha matte (H, W) in [0, 1]."""
     image = _rgb(image)
-    weight = _alpha8(alpha, image.shape[:2]).astype(np.float32) * np.float32(1 / 255)
+    weight = alpha_to_uint8(alpha, image.shape[:2]).astype(np.float32) * np.float32(1 / 255)
     board = checkerboard(*image.shape[:2])
     return cv2.blendLinear(np.ascontiguousarray(image), board, weight, 1.0 - weight)
 
