@@ -275,7 +275,7 @@ def _kv_heads(d: Mapping[str, Any], layers: int, heads: int) -> list[int]:
         if len(per_layer) != layers:
             raise ConfigError(f"{name}: {per_layer!r} must have num_hidden_layers={layers} entries")
     if any(heads % kv for kv in per_layer):
-        raise ConfigError(f"{name}: every key/value head count must divide num_attention_heads={heads}")
+        raise ConfigError(f"{name}: {per_layer!r} has key/value head counts not dividing {heads} heads")
     return per_layer
 
 

@@ -1,0 +1,128 @@
+"""Every model class against transformers' Sapiens2 in float32, from one checkpoint saved by transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+from tiny_models import tiny_config, write_tiny_checkpoint, write_transformers_checkpoint
+
+from sapiens2.config import Sapiens2Config, load_config
+from sapiens2.errors import ConfigError
+from sapiens2.models import build_model
+
+TOLERANCE = 1e-5
+INPUT = (2, 3, 64, 48)  # non-square, and not the config's 1024x768 image_size
+
+CASES = {
+    "model": (tiny_config("pretrain"), INPUT),
+    "backbone": (
+        tiny_config(
+            "pretrain", architectures=["Sapiens2Backbone"], out_indices=[0, 2, 3], return_class_token=True
+        ),
+        INPUT,
+    ),
+    "backbone-raw-tokens": (
+        tiny_config(
+            "pretrain",
+            architectures=["Sapiens2Backbone"],
+            out_indices=[1, 3],
+            normalize_backbone_outputs=False,
+            reshape_hidden_states=False,
+        ),
+        INPUT,
+    ),
+    "pose": (tiny_config("pose", "1b"), INPUT),
+    "seg": (tiny_config("seg"), INPUT),
+    "normal": (tiny_config("normal", "5b"), INPUT),
+    # The scale branch halves the patch grid three times; 10x6 patches keep more than one pixel at the end.
+    "pointmap": (tiny_config("pointmap", image_size=(160, 96)), (2, 3, 160, 96)),
+    "matting": (tiny_config("matting", "1b"), INPUT),
+}
+
+
+def load_ours(directory: Path) -> torch.nn.Module:
+    model = build_model(load_config(directory))
+    model.load_state_dict(load_file(directory / "model.safetensors"), strict=True)
+    return model
+
+
+def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((ours - reference).norm() / reference.norm())
+
+
+def assert_same_outputs(ours: object, reference: object) -> None:
+    """Every field of our output equals the reference's field of the same name."""
+    for name, value in vars(ours).items():
+        expected = getattr(reference, name)
+        if value is None:
+            assert expected is None, name
+            continue
+        pairs = zip(value, expected, strict=True) if isinstance(value, tuple) else [(value, expected)]
+        for mine, theirs in pairs:
+            assert mine.shape == theirs.shape, name
+            assert relative_error(mine, theirs) <= TOLERANCE, name
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request, tmp_path_factory):
+    config, shape = CASES[request.param]
+    directory = write_transformers_checkpoint(tmp_path_factory.mktemp(request.param), config)
+    reference = getattr(transformers, config["architectures"][0]).from_pretrained(directory).eval()
+    pixel_values = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    return reference, load_ours(directory), pixel_values
+
+
+def test_outputs_match_reference(case):
+    reference, ours, pixel_values = case
+    with torch.no_grad():
+        expected = reference(pixel_values)
+    with torch.inference_mode():
+        actual = ours(pixel_values)
+    assert_same_outputs(actual, expected)
+
+
+def test_pose_flip_back_matches_reference(tmp_path):
+    directory = write_tiny_checkpoint(tmp_path, "pose")
+    reference = transformers.Sapiens2ForPoseEstimation.from_pretrained(directory).eval()
+    ours = load_ours(directory)
+    assert len(ours.config.flip_pairs) > 100
+    flipped = torch.randn(INPUT, generator=torch.Generator().manual_seed(2)).flip(-1)
+    with torch.no_grad():
+        expected = reference(flipped, flip_pairs=torch.tensor(ours.config.flip_pairs))
+        actual = ours(flipped, flip_pairs=ours.config.flip_pairs)
+        unflipped = ours(flipped)
+    assert_same_outputs(actual, expected)
+    assert relative_error(unflipped.heatmaps, actual.heatmaps) > 0.1
+
+
+def test_tiny_pose_keeps_official_labels():
+    config = Sapiens2Config.from_dict(tiny_config("pose"))
+    assert config.num_labels == 308
+    assert config.id2label[0] == "nose"
+    assert (1, 2) in config.flip_pairs
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("hidden_act", "tanh", "'tanh'"),
+        ("use_gated_mlp", False, "False"),
+        ("num_key_value_heads_per_layer", [4, 3, 4], "[4, 3, 4]"),
+        ("architectures", ["Sapiens2ForDepthEstimation"], "'Sapiens2ForDepthEstimation'"),
+    ],
+)
+def test_unsupported_value_names_field_and_value(field, value, shown):
+    with pytest.raises(ConfigError) as error:
+        build_model(Sapiens2Config.from_dict(tiny_config("pose", **{field: value})))
+    assert f"{field}: {shown}" in str(error.value)
+
+
+def test_unsupported_head_value_names_field():
+    config = tiny_config("pointmap")
+    config["head_config"]["scale_final_hidden_sizes"] = [8, 4, 2]
+    with pytest.raises(ConfigError, match=r"head_config\.scale_final_hidden_sizes.*\[8, 4, 2\]"):
+        Sapiens2Config.from_dict(config)

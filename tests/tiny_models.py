@@ -1,0 +1,126 @@
+"""Tiny random Sapiens2 checkpoints written by transformers' `save_pretrained`, for tests.
+
+Each tiny model keeps the official layout of its repo (`sapiens2.presets`: 308 keypoints with their names
+and flip pairs, 29 body parts, deconv or pixel-shuffle heads with the official number of layers and kernel
+sizes, the pointmap scale branch, GQA between full-attention blocks, 8 register tokens, QK norm) with
+tiny widths (hidden 32, 3 blocks, head channels / 64), so that a checkpoint is a few hundred KB.
+
+`image_size` stays the official 1024x768. It only matters to the pointmap scale branch, whose flattened
+input size is fixed by it: a pointmap checkpoint accepts inputs whose 16-pixel patch grid reduces to 8x6
+after three stride-2 convs, i.e. 913..1024 x 657..768 pixels (1024x768 being the processor default).
+Pass `image_size` to write smaller pointmap checkpoints (e.g. 160x96 for a 10x6 patch grid).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from sapiens2 import presets
+
+SIZES = ("0.4b", "0.8b", "1b", "5b")
+ALL_REPO_IDS: tuple[str, ...] = (
+    "facebook/sapiens2-pretrain-0.1b",
+    *(
+        f"facebook/sapiens2-{task}-{size}"
+        for task in ("pretrain", "pose", "seg", "normal", "pointmap")
+        for size in SIZES
+    ),
+    "facebook/sapiens2-matting-1b",
+)
+
+TINY_BACKBONE: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_attention_heads": 2,
+    "num_first_full_attention_layers": 1,
+    "num_last_full_attention_layers": 1,
+}
+_CHANNEL_LISTS = (
+    "upsample_out_channels",
+    "conv_out_channels",
+    "scale_conv_out_channels",
+    "scale_final_hidden_sizes",
+)
+
+
+def repo_task_size(repo_id: str) -> tuple[str, str]:
+    """("pose", "1b") for "facebook/sapiens2-pose-1b"."""
+    _, task, size = repo_id.split("/")[-1].split("-")
+    return task, size
+
+
+def tiny_config(
+    task: str,
+    size: str = "0.4b",
+    *,
+    num_labels: int | None = None,
+    image_size: tuple[int, int] | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """transformers config dict of a tiny `task` model laid out like the official `size` one."""
+    config = copy.deepcopy(presets.preset_config(size, task))
+    config.update(TINY_BACKBONE)
+    head = config.get("head_config")
+    for key in _CHANNEL_LISTS:
+        if head and head.get(key):
+            head[key] = [max(4, channels // 64) for channels in head[key]]
+    if num_labels is not None:
+        config["id2label"] = {i: config.get("id2label", {}).get(i, f"LABEL_{i}") for i in range(num_labels)}
+        if config.get("flip_pairs"):
+            config["flip_pairs"] = [p for p in config["flip_pairs"] if max(p) < num_labels]
+    if image_size is not None:
+        config["image_size"] = list(image_size)
+    config.update(overrides)
+    return config
+
+
+def randomize_constants(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Add noise to every tensor that initialization left constant (norm scales, layer scales, biases)."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            flat = parameter.flatten()
+            if flat.numel() > 0 and bool((flat == flat[0]).all()):
+                parameter.add_(0.2 * torch.randn(parameter.shape, generator=generator))
+
+
+def write_transformers_checkpoint(directory: str | Path, config: dict[str, Any], *, seed: int = 0) -> Path:
+    """Build the transformers model named by `config["architectures"][0]` with random weights and save it."""
+    reference_config = transformers.Sapiens2Config(**{k: v for k, v in config.items() if k != "model_type"})
+    torch.manual_seed(seed)
+    model = getattr(transformers, config["architectures"][0])(reference_config).eval()
+    randomize_constants(model, torch.Generator().manual_seed(seed))
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    return directory
+
+
+def write_tiny_checkpoint(
+    directory: str | Path,
+    task: str,
+    *,
+    size: str = "0.4b",
+    seed: int = 0,
+    num_labels: int | None = None,
+    image_size: tuple[int, int] | None = None,
+    **overrides: Any,
+) -> Path:
+    """Write config.json + model.safetensors of a tiny random `task` model into `directory`."""
+    config = tiny_config(task, size, num_labels=num_labels, image_size=image_size, **overrides)
+    return write_transformers_checkpoint(directory, config, seed=seed)
+
+
+def write_tiny_mirror(root: str | Path, repo_ids: Iterable[str] = ALL_REPO_IDS, *, seed: int = 0) -> Path:
+    """Write `<root>/<repo id>/` with a tiny checkpoint for each official repo id; returns `root`."""
+    root = Path(root)
+    for repo_id in repo_ids:
+        task, size = repo_task_size(repo_id)
+        write_tiny_checkpoint(root / repo_id, task, size=size, seed=seed)
+    return root
