@@ -190,6 +190,14 @@ def write_pose_frames_json(
     return [_atomic_write(_target(directory, stem, "_predictions.json"), _json(document))]
 
 
+def write_picture(directory: str | os.PathLike, stem: str, suffix: str, picture: np.ndarray) -> list[Path]:
+    """`{stem}{suffix}.png`: a uint8 RGB (H, W, 3) picture, losslessly."""
+    picture = np.asarray(picture)
+    if picture.dtype != np.uint8 or picture.ndim != 3 or picture.shape[2] != 3:
+        raise ValueError(f"a picture must be uint8 (H, W, 3), got {picture.dtype} {picture.shape}")
+    return [_atomic_write(_target(directory, f"{stem}{suffix}", ".png"), _png(picture))]
+
+
 def write_segmentation(directory: str | os.PathLike, stem: str, seg: np.ndarray) -> list[Path]:
     """`{stem}_segmentation.png` (8-bit class ids, lossless) and `{stem}_segmentation.npy` (uint8 ids)."""
     seg = np.asarray(seg)

@@ -233,6 +233,18 @@ def test_matting_alpha_and_rgba_cutout(tmp_path, photo):
     np.testing.assert_array_equal(rgba[..., 3], np.asarray(Image.open(alpha_path)))
 
 
+def test_picture_png_round_trip(tmp_path, photo):
+    (path,) = export.write_picture(tmp_path, "photo", "_composite", photo)
+    assert path == tmp_path / "photo_composite.png"
+    with Image.open(path) as image:
+        assert image.mode == "RGB"
+        np.testing.assert_array_equal(np.asarray(image), photo)
+    with pytest.raises(ValueError):
+        export.write_picture(tmp_path, "photo", "/../x", photo)
+    with pytest.raises(ValueError):
+        export.write_picture(tmp_path, "photo", "_f", photo.astype(np.float32))
+
+
 def test_writes_are_atomic_and_stems_stay_in_the_folder(tmp_path, monkeypatch):
     seg = np.zeros((8, 8), np.uint8)
     for stem in ("../escape", "a/b", "", "..", "a\\b"):
