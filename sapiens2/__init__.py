@@ -1,0 +1,36 @@
+"""Sapiens2 human-centric vision models in plain PyTorch."""
+
+from sapiens2.config import Sapiens2Config, load_config
+from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, Sapiens2Error
+from sapiens2.hub import ResolvedCheckpoint, checkpoint_download_size, from_pretrained, resolve_checkpoint
+from sapiens2.models import (
+    Sapiens2Backbone,
+    Sapiens2ForImageMatting,
+    Sapiens2ForNormalEstimation,
+    Sapiens2ForPointmapEstimation,
+    Sapiens2ForPoseEstimation,
+    Sapiens2ForSemanticSegmentation,
+    Sapiens2Model,
+    build_model,
+)
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "ConfigError",
+    "ResolvedCheckpoint",
+    "Sapiens2Backbone",
+    "Sapiens2Config",
+    "Sapiens2Error",
+    "Sapiens2ForImageMatting",
+    "Sapiens2ForNormalEstimation",
+    "Sapiens2ForPointmapEstimation",
+    "Sapiens2ForPoseEstimation",
+    "Sapiens2ForSemanticSegmentation",
+    "Sapiens2Model",
+    "build_model",
+    "checkpoint_download_size",
+    "from_pretrained",
+    "load_config",
+    "resolve_checkpoint",
+]

@@ -1,0 +1,477 @@
+"""Checkpoint loading: a Hub repo id, a local directory or a bare original file -> an eval-mode module.
+
+The model is built on the meta device and each tensor is read once, straight into the requested dtype and
+device, then assigned with one strict `load_state_dict`: no random init, no full-precision copy on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import re
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import httpx
+from huggingface_hub.utils import tqdm as hub_tqdm
+from safetensors import safe_open
+from torch import nn
+
+from sapiens2 import presets
+from sapiens2.config import Sapiens2Config, load_config
+from sapiens2.device import resolve_device, resolve_dtype
+from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from sapiens2.models import build_model
+
+CHECKPOINT_DIR_ENV = "SAPIENS2_CHECKPOINT_DIR"
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+# Original checkpoints store the RoPE periods, which the model recomputes from the config.
+IGNORED_SUFFIXES = ("rope_embed.periods",)
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+LISTED_NAMES = 5
+# Threads that read and convert tensors: reads and casts release the GIL, so a few overlap well.
+LOAD_THREADS = min(4, os.cpu_count() or 1)
+
+Progress = Callable[[float, str], None]
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ResolvedCheckpoint:
+    """Local files of a checkpoint: its config.json (None for a bare original file) and weight files."""
+
+    config_path: Path | None
+    weight_paths: tuple[Path, ...]
+    repo_id: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The repo id and the local folder, or the folder or file alone, for messages."""
+        where = str(self.config_path.parent if self.config_path else self.weight_paths[0])
+        return f"{self.repo_id} ({where})" if self.repo_id else where
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """Where one tensor lies in a safetensors file."""
+
+    path: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    nbytes: int
+
+
+def from_pretrained(
+    source: str | os.PathLike[str],
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    revision: str | None = None,
+    progress: Progress | None = None,
+) -> nn.Module:
+    """Load a Sapiens2 model in eval mode from a Hub repo id, a directory or an original .safetensors file.
+
+    Defaults: CUDA when available, in bfloat16; else CPU in float32. `progress(fraction, text)` is called
+    while files download and while weights load, each stage running its fraction from 0 to 1.
+    """
+    target = resolve_device(str(device) if device is not None else None)
+    dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, target)
+    checkpoint = resolve_checkpoint(source, revision=revision, progress=progress)
+    config = _config(checkpoint)
+    try:
+        with torch.device("meta"):
+            model = build_model(config)
+    except ConfigError as error:
+        raise ConfigError(f"{checkpoint.label}: {error}") from error
+    expected = model.state_dict()
+    entries = _checked_entries(checkpoint, expected)
+    state = _materialize(entries, expected, target, dtype, progress, checkpoint.repo_id or checkpoint.label)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+def resolve_checkpoint(
+    source: str | os.PathLike[str], revision: str | None = None, progress: Progress | None = None
+) -> ResolvedCheckpoint:
+    """Find (downloading if needed) the files of `source`.
+
+    A repo id is looked up first in $SAPIENS2_CHECKPOINT_DIR/<repo id>/, then in the Hugging Face cache or on
+    the Hub (HF_HUB_OFFLINE, HF_TOKEN and `revision` honoured); otherwise `source` is a directory holding
+    config.json and model.safetensors (or a sharded index), or an original sapiens2_<size>_<task>.safetensors.
+    """
+    text = os.fspath(source)
+    local = _env_repo_dir(text)
+    if local is not None:
+        return _resolve_directory(local, repo_id=text)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return _resolve_directory(path)
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise CheckpointError(f"{path}: expected a .safetensors file or a checkpoint directory")
+        return ResolvedCheckpoint(None, (path,))
+    if not _is_repo_id(text):
+        raise CheckpointNotFoundError(f"{text}: no such file or directory")
+    return _resolve_hub(text, revision, progress)
+
+
+def checkpoint_download_size(repo_id: str, revision: str | None = None) -> int | None:
+    """Bytes still to download for `repo_id`: 0 when local or cached, None when unknown (offline, no Hub)."""
+    if _env_repo_dir(repo_id) is not None or _is_cached(repo_id, revision):
+        return 0
+    if _offline():
+        return None
+    try:
+        info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+    except (HfHubHTTPError, httpx.HTTPError, OSError, ValueError):
+        return None
+    sizes = {sibling.rfilename: sibling.size or 0 for sibling in info.siblings or []}
+    if WEIGHTS_NAME in sizes:
+        wanted = [CONFIG_NAME, WEIGHTS_NAME]
+    else:
+        wanted = [CONFIG_NAME, INDEX_NAME, *(name for name in sizes if _SHARD.fullmatch(name))]
+    return sum(sizes.get(name, 0) for name in wanted if not _cached_file(repo_id, name, revision))
+
+
+# ---- resolution -------------------------------------------------------------------------------------------
+
+
+def _is_repo_id(text: str) -> bool:
+    return bool(_REPO_ID.fullmatch(text)) and not text.endswith(".safetensors")
+
+
+def _env_repo_dir(repo_id: str) -> Path | None:
+    root = os.environ.get(CHECKPOINT_DIR_ENV)
+    if not root or not _is_repo_id(repo_id):
+        return None
+    directory = Path(root).expanduser() / repo_id
+    return directory if directory.is_dir() else None
+
+
+def _fill_hint(repo_id: str) -> str:
+    root = os.environ.get(CHECKPOINT_DIR_ENV)
+    where = f"{CHECKPOINT_DIR_ENV}={root}" if root else f"{CHECKPOINT_DIR_ENV} is not set"
+    return (
+        f"To load it without the Hub, set {CHECKPOINT_DIR_ENV}=<dir> and put {CONFIG_NAME} + {WEIGHTS_NAME} "
+        f"in <dir>/{repo_id}/ ({where})."
+    )
+
+
+def _resolve_directory(directory: Path, repo_id: str | None = None) -> ResolvedCheckpoint:
+    config = directory / CONFIG_NAME
+    if not config.is_file():
+        raise CheckpointNotFoundError(f"{directory}: no {CONFIG_NAME}")
+    if (directory / WEIGHTS_NAME).is_file():
+        return ResolvedCheckpoint(config, (directory / WEIGHTS_NAME,), repo_id)
+    if not (directory / INDEX_NAME).is_file():
+        raise CheckpointNotFoundError(f"{directory}: no {WEIGHTS_NAME} (nor a sharded {INDEX_NAME})")
+    shards = tuple(directory / name for name in _shard_names(directory / INDEX_NAME))
+    missing = [shard.name for shard in shards if not shard.is_file()]
+    if missing:
+        raise CheckpointNotFoundError(f"{directory}: missing weight shards {_listed(missing)}")
+    return ResolvedCheckpoint(config, shards, repo_id)
+
+
+def _shard_names(index: Path) -> list[str]:
+    """The weight files named by a sharded checkpoint's index, in first-use order."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return list(dict.fromkeys(str(name) for name in weight_map.values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"{index}: not a valid safetensors index ({error})") from error
+
+
+def _resolve_hub(repo_id: str, revision: str | None, progress: Progress | None) -> ResolvedCheckpoint:
+    config = _fetch(repo_id, CONFIG_NAME, revision, progress)
+    try:
+        return ResolvedCheckpoint(config, (_fetch(repo_id, WEIGHTS_NAME, revision, progress),), repo_id)
+    except CheckpointNotFoundError as single_file_error:
+        try:
+            index = _fetch(repo_id, INDEX_NAME, revision, progress)
+        except CheckpointNotFoundError:
+            raise single_file_error from None
+    shards = tuple(_fetch(repo_id, name, revision, progress) for name in _shard_names(index))
+    return ResolvedCheckpoint(config, shards, repo_id)
+
+
+def _offline() -> bool:
+    """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
+    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+    return flag or constants.HF_HUB_OFFLINE
+
+
+def _hub_cache_dir() -> str | None:
+    """HF_HUB_CACHE or HF_HOME/hub as set now; None leaves huggingface_hub's default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    return None
+
+
+def _fetch(repo_id: str, filename: str, revision: str | None, progress: Progress | None) -> Path:
+    """One file of a Hub repo from the cache or the network, every failure as a CheckpointError."""
+    at = f"{repo_id}@{revision}" if revision else repo_id
+    try:
+        return Path(
+            hf_hub_download(
+                repo_id,
+                filename,
+                revision=revision,
+                cache_dir=_hub_cache_dir(),
+                local_files_only=_offline(),
+                tqdm_class=_progress_bar(progress, f"{repo_id}/{filename}") if progress else None,
+            )
+        )
+    except GatedRepoError as error:
+        raise CheckpointError(
+            f"{repo_id} is gated: accept its terms at https://huggingface.co/{repo_id} and provide a token "
+            "with HF_TOKEN (or `hf auth login`)"
+        ) from error
+    except RepositoryNotFoundError as error:
+        raise CheckpointNotFoundError(
+            f"no Hub repo {repo_id} (or it is private and HF_TOKEN does not grant access). "
+            + _fill_hint(repo_id)
+        ) from error
+    except RevisionNotFoundError as error:
+        raise CheckpointNotFoundError(f"{repo_id} has no revision {revision!r}") from error
+    except RemoteEntryNotFoundError as error:
+        raise CheckpointNotFoundError(f"{at} has no file {filename}") from error
+    except LocalEntryNotFoundError as error:
+        if _offline():
+            reason = "is not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids downloading it"
+        else:
+            cause = error.__cause__ or error
+            reason = f"could not be downloaded (no connection?) nor found in the cache: {cause}"
+        raise CheckpointNotFoundError(f"{at}: {filename} {reason}. {_fill_hint(repo_id)}") from error
+    except HfHubHTTPError as error:
+        status = error.response.status_code
+        if status in (401, 403):
+            raise CheckpointError(
+                f"{repo_id}: access denied (HTTP {status}); set HF_TOKEN to a token that can read it"
+            ) from error
+        raise CheckpointError(f"{at}: downloading {filename} failed (HTTP {status}): {error}") from error
+    except (httpx.HTTPError, OSError) as error:
+        message = f"{at}: downloading {filename} failed: {error}. {_fill_hint(repo_id)}"
+        raise CheckpointError(message) from error
+
+
+def _progress_bar(progress: Progress, label: str) -> type[hub_tqdm]:
+    """A tqdm class reporting each downloaded chunk to `progress`."""
+
+    class ProgressBar(hub_tqdm):
+        done = 0.0
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self.done += n or 0
+            if self.total:
+                megabytes = f"{self.done / 1e6:.0f} of {self.total / 1e6:.0f} MB"
+                progress(min(self.done / self.total, 1.0), f"downloading {label}: {megabytes}")
+            return super().update(n)
+
+    return ProgressBar
+
+
+def _cached_file(repo_id: str, filename: str, revision: str | None) -> Path | None:
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=_hub_cache_dir(), revision=revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def _is_cached(repo_id: str, revision: str | None) -> bool:
+    """Whether the config and every weight file of `repo_id` are in the Hugging Face cache."""
+    if _cached_file(repo_id, CONFIG_NAME, revision) is None:
+        return False
+    if _cached_file(repo_id, WEIGHTS_NAME, revision) is not None:
+        return True
+    index = _cached_file(repo_id, INDEX_NAME, revision)
+    return index is not None and all(_cached_file(repo_id, n, revision) for n in _shard_names(index))
+
+
+# ---- config and weights -----------------------------------------------------------------------------------
+
+
+def _config(checkpoint: ResolvedCheckpoint) -> Sapiens2Config:
+    try:
+        if checkpoint.config_path is not None:
+            return load_config(checkpoint.config_path)
+        return Sapiens2Config.from_dict(presets.config_for_checkpoint_name(checkpoint.weight_paths[0]))
+    except ConfigError as error:
+        raise ConfigError(f"{checkpoint.label}: {error}") from error
+
+
+def _read_header(path: Path) -> dict[str, _Entry]:
+    """Validate a safetensors file's header against its size and return where each tensor lies."""
+    size = path.stat().st_size
+    with path.open("rb") as file:
+        prefix = file.read(8)
+        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if not 0 < length <= min(size - 8, MAX_HEADER_BYTES):
+            raise CheckpointError(f"{path}: not a safetensors file, or its header is cut short")
+        raw = file.read(length)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: corrupt safetensors header ({error})") from error
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
+    data_start = 8 + length
+    entries: dict[str, _Entry] = {}
+    for name, info in header.items():
+        if name != "__metadata__":
+            entries[name] = _entry(path, name, info, data_start)
+    described = max((entry.start + entry.nbytes for entry in entries.values()), default=data_start)
+    if described != size:
+        raise CheckpointError(
+            f"{path}: truncated or corrupt: the header describes {described - data_start} bytes of "
+            f"tensor data, the file holds {size - data_start}"
+        )
+    return entries
+
+
+def _entry(path: Path, name: str, info: object, data_start: int) -> _Entry:
+    try:
+        if not isinstance(info, dict):
+            raise TypeError("not an object")
+        dtype = _DTYPES[info["dtype"]]
+        shape = tuple(int(d) for d in info["shape"])
+        begin, end = (int(offset) for offset in info["data_offsets"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{path}: corrupt header entry for tensor {name}: {info!r}") from error
+    nbytes = math.prod(shape) * dtype.itemsize
+    if begin < 0 or end - begin != nbytes or min(shape, default=0) < 0:
+        raise CheckpointError(f"{path}: tensor {name} claims bytes {begin}..{end} for shape {list(shape)}")
+    return _Entry(path, dtype, shape, data_start + begin, nbytes)
+
+
+def _listed(names: Iterable[str]) -> str:
+    names = sorted(names)
+    more = f" (and {len(names) - LISTED_NAMES} more)" if len(names) > LISTED_NAMES else ""
+    return ", ".join(names[:LISTED_NAMES]) + more
+
+
+def _checked_entries(checkpoint: ResolvedCheckpoint, expected: dict[str, torch.Tensor]) -> dict[str, _Entry]:
+    """Every tensor the model needs, located in the weight files; any mismatch is one CheckpointError."""
+    entries: dict[str, _Entry] = {}
+    for path in checkpoint.weight_paths:
+        for name, entry in _read_header(path).items():
+            if name in entries:
+                message = f"{checkpoint.label}: tensor {name} is stored twice ({entries[name].path}, {path})"
+                raise CheckpointError(message)
+            entries[name] = entry
+    missing = expected.keys() - entries.keys()
+    unexpected = {n for n in entries.keys() - expected.keys() if not n.endswith(IGNORED_SUFFIXES)}
+    wrong_shape = [
+        f"{name} {list(entries[name].shape)} (model: {list(tensor.shape)})"
+        for name, tensor in expected.items()
+        if name in entries and entries[name].shape != tuple(tensor.shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing tensors: {_listed(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensors: {_listed(unexpected)}")
+    if wrong_shape:
+        problems.append(f"{len(wrong_shape)} tensors with the wrong shape: {_listed(wrong_shape)}")
+    if problems:
+        mismatch = "; ".join(problems)
+        raise CheckpointError(f"{checkpoint.label} does not match the model of its config: {mismatch}")
+    return {name: entries[name] for name in expected}
+
+
+def _materialize(
+    entries: dict[str, _Entry],
+    expected: dict[str, torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: Progress | None,
+    label: str,
+) -> dict[str, torch.Tensor]:
+    """Read every tensor into `dtype` (floating tensors only) on `device`.
+
+    On the CPU a tensor already in the right dtype is a view of the memory-mapped file (no copy). The others
+    are read by a few threads, each through its own reusable staging buffer, and converted: the peak is the
+    result plus one buffer per thread.
+    """
+    targets = {name: dtype if t.dtype.is_floating_point else t.dtype for name, t in expected.items()}
+    on_cpu = device.type == "cpu"
+    mapped = [name for name, entry in entries.items() if on_cpu and entry.dtype == targets[name]]
+    staged = [name for name in entries if name not in set(mapped)]
+    total = sum(entry.nbytes for entry in entries.values()) or 1
+    done = 0
+
+    def report(name: str) -> None:
+        nonlocal done
+        before, done = done, done + entries[name].nbytes
+        if progress and int(100 * done / total) != int(100 * before / total):
+            progress(done / total, f"loading weights of {label}")
+
+    state: dict[str, torch.Tensor] = {}
+    for path in dict.fromkeys(entries[name].path for name in mapped):
+        with safe_open(path, framework="pt") as file:
+            for name in (n for n in mapped if entries[n].path == path):
+                state[name] = file.get_tensor(name)
+                report(name)
+    if not staged:
+        return state
+    buffers: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
+    workers = min(LOAD_THREADS, len(staged))
+    size = max(entries[name].nbytes for name in staged)
+    for _ in range(workers):
+        buffers.put(torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda"))
+
+    def convert(name: str) -> torch.Tensor:
+        staging = buffers.get()
+        try:
+            return _read_into(entries[name], staging).to(device=device, dtype=targets[name], copy=True)
+        finally:
+            buffers.put(staging)
+
+    with ThreadPoolExecutor(workers) as pool:
+        futures = {pool.submit(convert, name): name for name in staged}
+        try:
+            for future in as_completed(futures):
+                state[futures[future]] = future.result()
+                report(futures[future])
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+    return state
+
+
+def _read_into(entry: _Entry, staging: torch.Tensor) -> torch.Tensor:
+    """The tensor at `entry`, read into the front of `staging` (valid until the buffer is reused)."""
+    buffer = staging[: entry.nbytes]
+    view = memoryview(buffer.numpy())
+    filled = 0
+    with entry.path.open("rb", buffering=0) as raw:
+        raw.seek(entry.start)
+        while filled < entry.nbytes:
+            count = raw.readinto(view[filled:])
+            if not count:
+                raise CheckpointError(f"{entry.path}: file ended inside tensor data (changed on disk?)")
+            filled += count
+    return buffer.view(entry.dtype).view(entry.shape)
