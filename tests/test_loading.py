@@ -1,0 +1,466 @@
+"""Checkpoint loading: directories, repo ids, bare original files, the Hugging Face cache, every failure."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from huggingface_hub import constants
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import httpx
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from tiny_models import tiny_config, write_tiny_checkpoint
+
+import sapiens2
+from sapiens2 import hub, presets
+from sapiens2.config import Sapiens2Config
+from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from sapiens2.models import build_model
+
+TASKS = (("pretrain", "0.1b"), ("pose", "1b"), ("seg", "0.4b"), ("normal", "5b"), ("pointmap", "0.8b"),
+         ("matting", "1b"))
+REPO = "facebook/sapiens2-pose-0.4b"
+# Official 0.4b pose: backbone 395,450,368 parameters (official Sapiens2 "sapiens2_0.4b" built on the meta
+# device) plus the keypoints308 head: deconvs 1024->1024->768 (4x4, no bias), 1x1 convs 768->512->512->256,
+# and the 256->308 predictor.
+OFFICIAL_POSE_04B_PARAMETERS = 395_450_368 + (1024 + 768) * 1024 * 16 + 393_728 + 262_656 + 131_328 + 79_156
+
+
+@pytest.fixture
+def no_checkpoint_dir(monkeypatch):
+    monkeypatch.delenv(hub.CHECKPOINT_DIR_ENV, raising=False)
+
+
+@pytest.fixture
+def pose_dir(tmp_path) -> Path:
+    return write_tiny_checkpoint(tmp_path / "pose", "pose")
+
+
+def assert_loaded_from(model: torch.nn.Module, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """Every model tensor is the file's tensor, in `dtype`, on the CPU; nothing is left on the meta device."""
+    state = model.state_dict()
+    assert state.keys() == weights.keys()
+    for name, tensor in state.items():
+        assert tensor.device.type == "cpu" and tensor.dtype == dtype, name
+        torch.testing.assert_close(tensor, weights[name].to(dtype), rtol=0, atol=0, msg=name)
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+
+# ---- sources ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task, size", TASKS)
+def test_directory_loads_every_tensor_strictly_in_eval_mode(tmp_path, task, size):
+    directory = write_tiny_checkpoint(tmp_path, task, size=size, image_size=(160, 96))
+    model = sapiens2.from_pretrained(directory, device="cpu")
+    assert not model.training
+    assert type(model).__name__ == presets.ARCHITECTURES[task]
+    assert_loaded_from(model, load_file(directory / hub.WEIGHTS_NAME), torch.float32)
+
+
+def test_repo_id_is_found_in_checkpoint_dir(tiny_mirror, monkeypatch):
+    monkeypatch.setenv(hub.CHECKPOINT_DIR_ENV, str(tiny_mirror))
+    resolved = sapiens2.resolve_checkpoint("facebook/sapiens2-seg-1b")
+    assert resolved == hub.ResolvedCheckpoint(
+        tiny_mirror / "facebook/sapiens2-seg-1b/config.json",
+        (tiny_mirror / "facebook/sapiens2-seg-1b/model.safetensors",),
+        "facebook/sapiens2-seg-1b",
+    )
+    model = sapiens2.from_pretrained("facebook/sapiens2-seg-1b", device="cpu")
+    assert_loaded_from(model, load_file(resolved.weight_paths[0]), torch.float32)
+    assert sapiens2.checkpoint_download_size("facebook/sapiens2-seg-1b") == 0
+
+
+def test_sharded_directory_loads_like_a_single_file(pose_dir, tmp_path):
+    weights = load_file(pose_dir / hub.WEIGHTS_NAME)
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    shutil.copy(pose_dir / hub.CONFIG_NAME, sharded)
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, shard_names in shards.items():
+        save_file({n: weights[n] for n in shard_names}, sharded / shard)
+    weight_map = {n: shard for shard, shard_names in shards.items() for n in shard_names}
+    (sharded / hub.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert_loaded_from(sapiens2.from_pretrained(sharded, device="cpu"), weights, torch.float32)
+
+    (sharded / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointNotFoundError, match="model-00002-of-00002.safetensors"):
+        sapiens2.from_pretrained(sharded, device="cpu")
+
+
+def test_bare_original_file_uses_the_preset_named_by_the_file(pose_dir, tmp_path, monkeypatch):
+    tiny = tiny_config("pose")
+    monkeypatch.setattr(presets, "preset_config", lambda size, task: tiny if task == "pose" else {})
+    weights = load_file(pose_dir / hub.WEIGHTS_NAME)
+    bare = tmp_path / "sapiens2_0.4b_pose.safetensors"
+    # Original files also carry the RoPE periods buffer, which the model recomputes.
+    save_file({**weights, "backbone.rope_embed.periods": torch.ones(2)}, bare)
+
+    assert sapiens2.resolve_checkpoint(bare) == hub.ResolvedCheckpoint(None, (bare,), None)
+    model = sapiens2.from_pretrained(bare, device="cpu")
+    assert_loaded_from(model, weights, torch.float32)
+    assert model.config.flip_pairs and model.config.num_labels == 308
+
+
+def test_real_pose_preset_has_the_official_parameter_count_and_checkpoint_names(pose_dir):
+    config = Sapiens2Config.from_dict(presets.config_for_checkpoint_name("sapiens2_0.4b_pose.safetensors"))
+    with torch.device("meta"):
+        model = build_model(config)
+    assert sum(p.numel() for p in model.parameters()) == OFFICIAL_POSE_04B_PARAMETERS
+    # Same tensor names as a checkpoint saved by transformers, whatever the block count.
+    def per_block(names):
+        return {re.sub(r"blocks\.\d+\.", "blocks.N.", name) for name in names}
+
+    with safe_open(pose_dir / hub.WEIGHTS_NAME, framework="pt") as file:
+        assert per_block(model.state_dict()) == per_block(file.keys())
+    assert len(model.backbone.blocks) == 24
+    assert config.num_labels == 308 and config.image_size == (1024, 768)
+
+
+@pytest.mark.parametrize("size, task", presets.available())
+def test_every_preset_builds_on_the_meta_device(size, task):
+    with torch.device("meta"):
+        model = build_model(Sapiens2Config.from_dict(presets.preset_config(size, task)))
+    assert type(model).__name__ == presets.ARCHITECTURES[task]
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("sapiens2_0.4b_pose.safetensors", ("0.4b", "pose")),
+        ("/ckpt/seg/sapiens2_5b_seg.safetensors", ("5b", "seg")),
+        ("Sapiens2_1B_Pointmap.safetensors", ("1b", "pointmap")),
+        ("sapiens2_0.1b_pretrain.safetensors", ("0.1b", "pretrain")),
+    ],
+)
+def test_checkpoint_names_parse(name, expected):
+    assert presets.parse_checkpoint_name(name) == expected
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("model.safetensors", "cannot tell the model"),
+        ("sapiens2_1b_albedo.safetensors", "no built-in preset for Sapiens2 1b albedo"),
+        ("sapiens2_1b_4k_pretrain.safetensors", "no built-in preset"),
+        ("sapiens2_0.1b_pose.safetensors", "no built-in preset"),
+        ("sapiens2_2b_seg.safetensors", "no built-in preset"),
+    ],
+)
+def test_unknown_checkpoint_names_are_config_errors(name, message):
+    with pytest.raises(ConfigError, match=message):
+        presets.config_for_checkpoint_name(name)
+
+
+def test_bare_file_with_an_unknown_name_names_the_file(pose_dir, tmp_path):
+    bare = tmp_path / "weights.safetensors"
+    shutil.copy(pose_dir / hub.WEIGHTS_NAME, bare)
+    with pytest.raises(ConfigError, match="weights.safetensors"):
+        sapiens2.from_pretrained(bare, device="cpu")
+
+
+# ---- dtype, device, init, progress ------------------------------------------------------------------------
+
+
+def test_default_is_float32_on_cpu_and_bfloat16_can_be_asked(pose_dir, monkeypatch):
+    monkeypatch.delenv("SAPIENS2_DEVICE", raising=False)
+    monkeypatch.delenv("SAPIENS2_DTYPE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    weights = load_file(pose_dir / hub.WEIGHTS_NAME)
+    assert_loaded_from(sapiens2.from_pretrained(pose_dir), weights, torch.float32)
+    for dtype in (torch.bfloat16, "bf16"):
+        model = sapiens2.from_pretrained(pose_dir, device="cpu", dtype=dtype)
+        assert_loaded_from(model, weights, torch.bfloat16)
+        with torch.inference_mode():
+            heatmaps = model(torch.zeros(1, 3, 64, 48, dtype=torch.bfloat16)).heatmaps
+        assert heatmaps.dtype == torch.bfloat16 and torch.isfinite(heatmaps.float()).all()
+
+
+def test_bfloat16_file_loads_as_float32(pose_dir, tmp_path):
+    weights = {n: t.to(torch.bfloat16) for n, t in load_file(pose_dir / hub.WEIGHTS_NAME).items()}
+    directory = tmp_path / "bf16"
+    directory.mkdir()
+    shutil.copy(pose_dir / hub.CONFIG_NAME, directory)
+    save_file(weights, directory / hub.WEIGHTS_NAME)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert_loaded_from(sapiens2.from_pretrained(directory, device="cpu", dtype=dtype), weights, dtype)
+
+
+def test_loading_runs_no_initializer_on_real_memory(pose_dir, monkeypatch):
+    touched: list[str] = []
+    for name in [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]:
+        original = getattr(torch.nn.init, name)
+
+        def recording(tensor, *args, _name=name, _original=original, **kwargs):
+            if not tensor.is_meta:
+                touched.append(_name)
+            return _original(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.init, name, recording)
+    with torch.device("cpu"):
+        torch.nn.Linear(2, 2)  # the recorder works
+    assert touched
+    touched.clear()
+    for dtype in (torch.float32, torch.bfloat16):
+        sapiens2.from_pretrained(pose_dir, device="cpu", dtype=dtype)
+    assert touched == []
+
+
+def test_progress_reports_rise_to_one(pose_dir):
+    reports: list[tuple[float, str]] = []
+    for dtype in (torch.float32, torch.bfloat16):  # the memory-mapped and the converting paths
+        reports.clear()
+        sapiens2.from_pretrained(pose_dir, device="cpu", dtype=dtype, progress=lambda *r: reports.append(r))
+        fractions = [f for f, _ in reports]
+        assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+        assert all(str(pose_dir) in text for _, text in reports)
+
+
+# ---- broken checkpoints -----------------------------------------------------------------------------------
+
+
+def rewrite_weights(directory: Path, change) -> Path:
+    """Save the directory's weights after `change(weights)` mutates them."""
+    weights = load_file(directory / hub.WEIGHTS_NAME)
+    change(weights)
+    save_file(weights, directory / hub.WEIGHTS_NAME)
+    return directory
+
+
+def test_truncated_file_is_refused_before_use(pose_dir):
+    weights = pose_dir / hub.WEIGHTS_NAME
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match=r"model.safetensors: truncated or corrupt"):
+        sapiens2.from_pretrained(pose_dir, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}", (10**12).to_bytes(8, "little") + b"{}"],
+)
+def test_corrupt_header_is_a_checkpoint_error(pose_dir, content):
+    (pose_dir / hub.WEIGHTS_NAME).write_bytes(content)
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        sapiens2.from_pretrained(pose_dir, device="cpu")
+
+
+def test_renamed_tensor_is_listed_as_missing_and_unexpected(pose_dir):
+    def rename(weights):
+        weights["backbone.blocks.0.attn.wq_renamed.weight"] = weights.pop("backbone.blocks.0.attn.wq.weight")
+
+    rewrite_weights(pose_dir, rename)
+    with pytest.raises(CheckpointError) as error:
+        sapiens2.from_pretrained(pose_dir, device="cpu")
+    message = str(error.value)
+    assert str(pose_dir) in message
+    assert "1 missing tensors: backbone.blocks.0.attn.wq.weight" in message
+    assert "1 unexpected tensors: backbone.blocks.0.attn.wq_renamed.weight" in message
+
+
+def test_many_missing_tensors_are_listed_briefly(pose_dir):
+    rewrite_weights(pose_dir, lambda w: [w.pop(n) for n in list(w) if n.startswith("backbone.blocks.1.")])
+    with pytest.raises(CheckpointError, match=r"\d+ missing tensors: .* \(and \d+ more\)"):
+        sapiens2.from_pretrained(pose_dir, device="cpu")
+
+
+def test_wrong_shape_is_named(pose_dir):
+    rewrite_weights(pose_dir, lambda w: w.update({"decode_head.conv_pose.bias": torch.zeros(7)}))
+    message = r"wrong shape: decode_head.conv_pose.bias \[7\] \(model: \[308\]\)"
+    with pytest.raises(CheckpointError, match=message):
+        sapiens2.from_pretrained(pose_dir, device="cpu")
+
+
+def test_unknown_config_value_is_a_config_error_naming_the_checkpoint(pose_dir):
+    config = json.loads((pose_dir / hub.CONFIG_NAME).read_text())
+    config["hidden_act"] = "tanh"
+    (pose_dir / hub.CONFIG_NAME).write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=rf"{pose_dir}: hidden_act"):
+        sapiens2.from_pretrained(pose_dir, device="cpu")
+
+
+def test_unknown_architecture_is_a_config_error(pose_dir):
+    config = json.loads((pose_dir / hub.CONFIG_NAME).read_text())
+    config["architectures"] = ["Sapiens2ForAlbedoEstimation"]
+    (pose_dir / hub.CONFIG_NAME).write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="Sapiens2ForAlbedoEstimation"):
+        sapiens2.from_pretrained(pose_dir, device="cpu")
+
+
+@pytest.mark.parametrize("missing", [hub.CONFIG_NAME, hub.WEIGHTS_NAME])
+def test_incomplete_directory_is_not_found(pose_dir, missing):
+    (pose_dir / missing).unlink()
+    with pytest.raises(CheckpointNotFoundError, match=rf"{pose_dir}: no {missing}"):
+        sapiens2.from_pretrained(pose_dir, device="cpu")
+
+
+@pytest.mark.parametrize("source", ["missing/sapiens2_0.4b_pose.safetensors", "./nowhere", "/no/such/dir/x"])
+def test_missing_path_is_not_found(source, no_checkpoint_dir):
+    with pytest.raises(CheckpointNotFoundError, match="no such file or directory"):
+        sapiens2.from_pretrained(source, device="cpu")
+
+
+def test_non_safetensors_file_is_refused(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"\0" * 16)
+    with pytest.raises(CheckpointError, match="expected a .safetensors file"):
+        sapiens2.resolve_checkpoint(path)
+
+
+# ---- the Hub and its cache (never the network) ------------------------------------------------------------
+
+
+@pytest.fixture
+def empty_hf_home(tmp_path, monkeypatch, no_checkpoint_dir) -> Path:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    return tmp_path / "hf"
+
+
+def test_offline_with_nothing_cached_says_how_to_provide_the_files(empty_hf_home):
+    with pytest.raises(CheckpointNotFoundError) as error:
+        sapiens2.from_pretrained(REPO, device="cpu")
+    message = str(error.value)
+    assert REPO in message and "HF_HUB_OFFLINE=1" in message
+    hint = f"set SAPIENS2_CHECKPOINT_DIR=<dir> and put config.json + model.safetensors in <dir>/{REPO}/"
+    assert hint in message
+    assert sapiens2.checkpoint_download_size(REPO) is None
+
+
+def test_offline_with_a_missing_revision_names_it(empty_hf_home):
+    with pytest.raises(CheckpointNotFoundError, match=rf"{REPO}@v2: config.json is not in the Hugging Face"):
+        sapiens2.from_pretrained(REPO, device="cpu", revision="v2")
+
+
+def test_checkpoint_dir_without_the_repo_falls_back_to_the_hub(empty_hf_home, tmp_path, monkeypatch):
+    monkeypatch.setenv(hub.CHECKPOINT_DIR_ENV, str(tmp_path / "mine"))
+    with pytest.raises(CheckpointNotFoundError, match=rf"{hub.CHECKPOINT_DIR_ENV}={tmp_path / 'mine'}"):
+        sapiens2.from_pretrained(REPO, device="cpu")
+
+
+def cache_in_hf_home(hf_home: Path, source: Path, names: list[str]) -> Path:
+    """Place files of `source` in the Hugging Face cache layout as REPO at its main revision."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo_cache = hf_home / "hub" / ("models--" + REPO.replace("/", "--"))
+    snapshot = repo_cache / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo_cache / "refs").mkdir(exist_ok=True)
+    (repo_cache / "refs" / "main").write_text(commit)
+    for name in names:
+        shutil.copy(source / name, snapshot / name)
+    return snapshot
+
+
+def test_hugging_face_cache_is_used_offline(empty_hf_home, pose_dir):
+    snapshot = cache_in_hf_home(empty_hf_home, pose_dir, [hub.CONFIG_NAME, hub.WEIGHTS_NAME])
+
+    resolved = sapiens2.resolve_checkpoint(REPO)
+    assert resolved.repo_id == REPO and resolved.weight_paths == (snapshot / hub.WEIGHTS_NAME,)
+    model = sapiens2.from_pretrained(REPO, device="cpu")
+    assert_loaded_from(model, load_file(pose_dir / hub.WEIGHTS_NAME), torch.float32)
+    assert sapiens2.checkpoint_download_size(REPO) == 0
+
+
+def http_response(status: int) -> httpx.Response:
+    return httpx.Response(status, request=httpx.Request("GET", f"https://huggingface.co/{REPO}"))
+
+
+@pytest.mark.parametrize(
+    "raised, expected, message",
+    [
+        (GatedRepoError("", response=http_response(403)), CheckpointError, "is gated: accept its terms"),
+        (RepositoryNotFoundError("", response=http_response(404)), CheckpointNotFoundError, "no Hub repo"),
+        (RevisionNotFoundError("", response=http_response(404)), CheckpointNotFoundError, "no revision 'v9'"),
+        (HfHubHTTPError("", response=http_response(401)), CheckpointError, r"access denied \(HTTP 401\)"),
+        (HfHubHTTPError("", response=http_response(503)), CheckpointError, r"failed \(HTTP 503\)"),
+        (httpx.ReadTimeout("timed out"), CheckpointError, "downloading config.json failed: timed out"),
+        (LocalEntryNotFoundError("no"), CheckpointNotFoundError, "could not be downloaded"),
+    ],
+)
+def test_hub_failures_become_one_clear_error(monkeypatch, no_checkpoint_dir, raised, expected, message):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def failing_download(repo_id, filename, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(hub, "hf_hub_download", failing_download)
+    with pytest.raises(expected, match=message) as error:
+        sapiens2.from_pretrained(REPO, device="cpu", revision="v9")
+    assert REPO in str(error.value)
+
+
+def test_download_size_counts_only_what_is_not_cached(empty_hf_home, pose_dir, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    sizes = {hub.CONFIG_NAME: 2_000, hub.WEIGHTS_NAME: 5_000_000, "README.md": 10}
+
+    class FakeApi:
+        def model_info(self, repo_id, *, revision, files_metadata):
+            assert (repo_id, revision, files_metadata) == (REPO, None, True)
+            siblings = [SimpleNamespace(rfilename=name, size=size) for name, size in sizes.items()]
+            return SimpleNamespace(siblings=siblings)
+
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    assert sapiens2.checkpoint_download_size(REPO) == 5_002_000
+    cache_in_hf_home(empty_hf_home, pose_dir, [hub.CONFIG_NAME])
+    assert sapiens2.checkpoint_download_size(REPO) == 5_000_000
+    cache_in_hf_home(empty_hf_home, pose_dir, [hub.WEIGHTS_NAME])
+    assert sapiens2.checkpoint_download_size(REPO) == 0
+
+
+def test_sharded_hub_repo_downloads_every_shard(monkeypatch, no_checkpoint_dir, pose_dir, tmp_path):
+    weights = load_file(pose_dir / hub.WEIGHTS_NAME)
+    names = sorted(weights)
+    files = {hub.CONFIG_NAME: pose_dir / hub.CONFIG_NAME, hub.INDEX_NAME: tmp_path / hub.INDEX_NAME}
+    weight_map = {}
+    for index, part in enumerate((names[:10], names[10:]), start=1):
+        shard = f"model-{index:05d}-of-00002.safetensors"
+        save_file({n: weights[n] for n in part}, tmp_path / shard)
+        files[shard] = tmp_path / shard
+        weight_map.update(dict.fromkeys(part, shard))
+    files[hub.INDEX_NAME].write_text(json.dumps({"weight_map": weight_map}))
+    asked = []
+
+    def fake_download(repo_id, filename, *, revision, cache_dir, local_files_only, tqdm_class):
+        asked.append(filename)
+        if filename not in files:
+            raise RemoteEntryNotFoundError("absent", response=http_response(404))
+        if tqdm_class is not None:
+            bar = tqdm_class(total=200, disable=True)
+            bar.update(100)
+            bar.update(100)
+        return str(files[filename])
+
+    monkeypatch.setattr(hub, "hf_hub_download", fake_download)
+    reports = []
+    model = sapiens2.from_pretrained(REPO, device="cpu", progress=lambda f, t: reports.append((f, t)))
+    assert asked == [hub.CONFIG_NAME, hub.WEIGHTS_NAME, hub.INDEX_NAME, *sorted(set(weight_map.values()))]
+    assert_loaded_from(model, weights, torch.float32)
+    assert (0.5, f"downloading {REPO}/config.json: 0 of 0 MB") in reports
+    assert reports[-1][0] == pytest.approx(1.0)
+
+
+def test_repo_without_weights_is_not_found(monkeypatch, no_checkpoint_dir, pose_dir):
+    def fake_download(repo_id, filename, **kwargs):
+        if filename == hub.CONFIG_NAME:
+            return str(pose_dir / hub.CONFIG_NAME)
+        raise RemoteEntryNotFoundError("absent", response=http_response(404))
+
+    monkeypatch.setattr(hub, "hf_hub_download", fake_download)
+    with pytest.raises(CheckpointNotFoundError, match=rf"{REPO} has no file model.safetensors"):
+        sapiens2.from_pretrained(REPO, device="cpu")
