@@ -29,8 +29,10 @@ def _rgb(image: np.ndarray) -> np.ndarray:
         raise ValueError(f"expected a uint8 image, got {image.dtype}")
     if image.ndim == 2:
         return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
-    if image.ndim == 3 and image.shape[2] in (3, 4):
-        return image[..., :3]
+    if image.ndim == 3 and image.shape[2] == 3:
+        return image
+    if image.ndim == 3 and image.shape[2] == 4:
+        return np.ascontiguousarray(image[..., :3])
     raise ValueError(f"expected an (H, W), (H, W, 3) or (H, W, 4) image, got {image.shape}")
 
 
@@ -41,9 +43,9 @@ def _plane(values: np.ndarray, shape: tuple[int, int] | None, what: str) -> np.n
     return values
 
 
-def _fill_where(picture: np.ndarray, mask: np.ndarray, grey: int) -> np.ndarray:
-    """The picture with the pixels where mask is true painted in one grey level."""
-    keep = np.logical_not(_plane(mask, picture.shape[:2], "mask")).view(np.uint8)
+def _keep_only(picture: np.ndarray, keep: np.ndarray, grey: int) -> np.ndarray:
+    """The picture where keep is true, one grey level elsewhere."""
+    keep = _plane(keep, picture.shape[:2], "mask").astype(bool, copy=False).view(np.uint8)
     out = np.full(picture.shape, grey, dtype=np.uint8)  # a scalar fill is several times faster than a colour
     cv2.copyTo(picture, keep, out)
     return out
@@ -168,7 +170,7 @@ def normals_picture(normals: np.ndarray, background_mask: np.ndarray | None = No
     if normals.ndim != 3 or normals.shape[2] != 3:
         raise ValueError(f"normals must be (H, W, 3), got {normals.shape}")
     picture = cv2.convertScaleAbs(normals, alpha=127.5, beta=127.5)
-    return picture if background_mask is None else _fill_where(picture, background_mask, 0)
+    return picture if background_mask is None else _keep_only(picture, np.logical_not(background_mask), 0)
 
 
 @cache
@@ -209,7 +211,7 @@ def depth_picture(depth: np.ndarray, foreground_mask: np.ndarray) -> np.ndarray:
     np.clip(index, 0, 255, out=index)
     index = index.astype(np.uint8)
     colors = cv2.applyColorMap(index, _turbo_table())
-    return _fill_where(colors, ~valid, DEPTH_BACKGROUND)
+    return _keep_only(colors, valid, DEPTH_BACKGROUND)
 
 
 def alpha_to_uint8(alpha: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:

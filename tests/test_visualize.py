@@ -61,6 +61,8 @@ def test_segmentation_palette_exactly_where_the_mask_says(photo):
     solid = visualize.overlay_segmentation(photo, seg.astype(np.int64), body_parts().palette, opacity=1.0)
     np.testing.assert_array_equal(solid, palette[seg])
     np.testing.assert_array_equal(visualize.overlay_segmentation(photo, seg, palette, opacity=0.0), photo)
+    rgba = np.dstack([photo, np.full(photo.shape[:2], 255, np.uint8)])
+    np.testing.assert_array_equal(visualize.overlay_segmentation(rgba, seg, palette, opacity=0.0), photo)
     half = visualize.overlay_segmentation(photo, seg, palette, opacity=0.5).astype(int)
     expected = (photo.astype(int) + palette[seg]) / 2
     assert np.abs(half - expected).max() <= 1
