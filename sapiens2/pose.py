@@ -1,0 +1,162 @@
+"""Keypoints from pose heatmaps: flip-test averaging, arg-max, UDP + DARK sub-pixel refinement and the
+mapping from heatmap cells back to photo pixels through each person's crop window."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sapiens2.processing import BOX_PADDING, Size, boxes_xywh_to_cxcywh, crop_windows
+
+DARK_KERNEL_SIZE = 11
+# Log-heatmap bounds of the official DARK refinement.
+_LOG_MIN, _LOG_MAX = 1e-3, 50.0
+
+
+@dataclass(frozen=True)
+class PersonPose:
+    """One person's keypoints in photo pixels, with scores, keypoint indices and the person box."""
+
+    keypoints: torch.Tensor  # (K, 2) float32 x, y
+    scores: torch.Tensor  # (K,) float32 heatmap maxima
+    labels: torch.Tensor  # (K,) int64 keypoint indices; fewer than all when a threshold dropped some
+    box_xyxy: torch.Tensor  # (4,) float32 x_min, y_min, x_max, y_max
+
+
+def average_flip(heatmaps: torch.Tensor, heatmaps_flipped: torch.Tensor) -> torch.Tensor:
+    """Flip-test heatmaps: the mean of the plain pass and the mirrored pass already flipped back by the
+    model (no shift)."""
+    if heatmaps.shape != heatmaps_flipped.shape:
+        raise ValueError(f"heatmaps {tuple(heatmaps.shape)} and flipped ones {tuple(heatmaps_flipped.shape)}")
+    return (heatmaps + heatmaps_flipped) / 2
+
+
+def _gaussian_kernel(kernel_size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """1-D Gaussian of `kernel_size` taps with OpenCV's sigma for that size (sigma=0 in cv2.GaussianBlur)."""
+    sigma = 0.3 * ((kernel_size - 1) * 0.5 - 1) + 0.8
+    offsets = np.arange(kernel_size) - (kernel_size - 1) / 2
+    weights = np.exp(-(offsets**2) / (2 * sigma**2))
+    return torch.tensor(weights / weights.sum(), dtype=dtype, device=device)
+
+
+def blur_heatmaps(heatmaps: torch.Tensor, kernel_size: int = DARK_KERNEL_SIZE) -> torch.Tensor:
+    """Gaussian blur of (N, K, H, W) heatmaps with zeros outside, each map rescaled to keep its maximum."""
+    if kernel_size % 2 == 0 or kernel_size <= 1:
+        raise ValueError(f"kernel_size must be an odd integer above 1, got {kernel_size}")
+    n, k, height, width = heatmaps.shape
+    maps = heatmaps.reshape(n * k, 1, height, width)
+    kernel = _gaussian_kernel(kernel_size, maps.dtype, maps.device)
+    radius = kernel_size // 2
+    # Separable: rows then columns, zero padding (the 2-D Gaussian is the product of the two 1-D ones).
+    blurred = F.conv2d(maps, kernel.view(1, 1, 1, -1), padding=(0, radius))
+    blurred = F.conv2d(blurred, kernel.view(1, 1, -1, 1), padding=(radius, 0))
+    old_max = maps.amax(dim=(1, 2, 3))
+    new_max = blurred.amax(dim=(1, 2, 3))
+    ratio = torch.where(new_max > 0, old_max / torch.where(new_max > 0, new_max, 1), 1)
+    return (blurred * ratio.view(-1, 1, 1, 1)).view(n, k, height, width)
+
+
+def heatmap_maxima(heatmaps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Arg-max cells (N, K, 2) as float x, y, or -1 where the maximum is not positive, and maxima (N, K)."""
+    n, k, _, width = heatmaps.shape
+    flat = heatmaps.reshape(n, k, -1)
+    scores, index = flat.max(dim=-1)
+    cells = torch.stack([index % width, index // width], dim=-1).to(torch.float32)
+    return torch.where((scores > 0).unsqueeze(-1), cells, torch.full_like(cells, -1.0)), scores
+
+
+def refine_dark_udp(
+    cells: torch.Tensor, heatmaps: torch.Tensor, kernel_size: int = DARK_KERNEL_SIZE
+) -> torch.Tensor:
+    """Sub-pixel keypoints (N, K, 2): one Newton step on the blurred log-heatmap around each arg-max cell."""
+    n, k, height, width = heatmaps.shape
+    logs = blur_heatmaps(heatmaps, kernel_size).clamp(_LOG_MIN, _LOG_MAX).log()
+    flat = F.pad(logs, (1, 1, 1, 1), mode="replicate").flatten()
+    row = width + 2
+    # Flat indices into the padded maps, as in the official code (cells of -1 read the padding).
+    maps_index = torch.arange(n * k, device=heatmaps.device).view(n, k) * ((height + 2) * row)
+    center = maps_index + cells[..., 0].long() + 1 + (cells[..., 1].long() + 1) * row
+
+    def at(dx: int, dy: int) -> torch.Tensor:
+        return flat[center + dx + dy * row]
+
+    middle, left, right, up, down = at(0, 0), at(-1, 0), at(1, 0), at(0, -1), at(0, 1)
+    gradient_x = 0.5 * (right - left)
+    gradient_y = 0.5 * (down - up)
+    eps = torch.finfo(logs.dtype).eps
+    hessian_xx = right - 2 * middle + left + eps
+    hessian_yy = down - 2 * middle + up + eps
+    hessian_xy = 0.5 * (at(1, 1) - right - down + middle + middle - left - up + at(-1, -1))
+    determinant = hessian_xx * hessian_yy - hessian_xy * hessian_xy
+    step_x = (hessian_yy * gradient_x - hessian_xy * gradient_y) / determinant
+    step_y = (hessian_xx * gradient_y - hessian_xy * gradient_x) / determinant
+    return cells - torch.stack([step_x, step_y], dim=-1)
+
+
+def heatmap_to_image(
+    points: torch.Tensor,
+    boxes_xywh: torch.Tensor,
+    input_size: Size,
+    heatmap_size: Size,
+    padding: float = BOX_PADDING,
+) -> torch.Tensor:
+    """Map heatmap coordinates (N, K, 2) of person crops back to photo pixels (N, K, 2)."""
+    centers, sizes = crop_windows(boxes_xywh_to_cxcywh(boxes_xywh), input_size, padding)
+    last_cell = torch.tensor(
+        [heatmap_size[1] - 1, heatmap_size[0] - 1], dtype=torch.float32, device=points.device
+    )
+    return points / last_cell * sizes[:, None, :] + centers[:, None, :] - 0.5 * sizes[:, None, :]
+
+
+def decode_keypoints(
+    heatmaps: torch.Tensor,
+    boxes_xywh: torch.Tensor | np.ndarray | Sequence[Sequence[float]],
+    input_size: Size = (1024, 768),
+    heatmaps_flipped: torch.Tensor | None = None,
+    kernel_size: int = DARK_KERNEL_SIZE,
+    padding: float = BOX_PADDING,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keypoints (N, K, 2) float32 in photo pixels and scores (N, K) from heatmaps (N, K, h, w) of N person
+    crops with boxes (N, 4) COCO x, y, w, h; `input_size` is the model input (height, width)."""
+    if heatmaps.ndim != 4:
+        raise ValueError(f"heatmaps must be (N, K, height, width), got {tuple(heatmaps.shape)}")
+    if heatmaps_flipped is not None:
+        heatmaps = average_flip(heatmaps, heatmaps_flipped)
+    heatmaps = heatmaps.float()
+    boxes = torch.as_tensor(np.asarray(boxes_xywh, dtype=np.float32), device=heatmaps.device).reshape(-1, 4)
+    if len(boxes) != len(heatmaps):
+        raise ValueError(f"{len(heatmaps)} heatmap sets for {len(boxes)} boxes")
+    if len(heatmaps) == 0:
+        return heatmaps.new_zeros(0, heatmaps.shape[1], 2), heatmaps.new_zeros(0, heatmaps.shape[1])
+    cells, scores = heatmap_maxima(heatmaps)
+    points = refine_dark_udp(cells, heatmaps, kernel_size)
+    heatmap_size = (heatmaps.shape[2], heatmaps.shape[3])
+    return heatmap_to_image(points, boxes, input_size, heatmap_size, padding), scores
+
+
+def decode_pose(
+    heatmaps: torch.Tensor,
+    boxes_xywh: torch.Tensor | np.ndarray | Sequence[Sequence[float]],
+    input_size: Size = (1024, 768),
+    heatmaps_flipped: torch.Tensor | None = None,
+    kernel_size: int = DARK_KERNEL_SIZE,
+    threshold: float | None = None,
+    padding: float = BOX_PADDING,
+) -> list[PersonPose]:
+    """One PersonPose per box from heatmaps (N, K, h, w); with `threshold`, keypoints whose score is not
+    above it are dropped."""
+    keypoints, scores = decode_keypoints(
+        heatmaps, boxes_xywh, input_size, heatmaps_flipped, kernel_size, padding
+    )
+    boxes = torch.as_tensor(np.asarray(boxes_xywh, dtype=np.float32), device=keypoints.device).reshape(-1, 4)
+    boxes_xyxy = torch.cat([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], dim=-1)
+    labels = torch.arange(keypoints.shape[1], device=keypoints.device)
+    people = []
+    for person_keypoints, person_scores, box in zip(keypoints, scores, boxes_xyxy, strict=True):
+        keep = person_scores > threshold if threshold is not None else slice(None)
+        people.append(PersonPose(person_keypoints[keep], person_scores[keep], labels[keep], box))
+    return people

@@ -1,0 +1,298 @@
+"""Post-processing against transformers' Sapiens2ImageProcessor.post_process_* on random model outputs.
+
+Tolerances: pose keypoints 1e-3 px and scores 1e-5; dense maps 1e-5 (normals, mattes) or 1e-5 relative
+(pointmaps); segmentation labels equal except at float32 ties (top-2 logits within 1e-5); composites
+equal, or within one uint8 step where a 1x1 colour tensor is interpolated by the reference.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import Sapiens2ImageProcessor
+
+from sapiens2.pose import average_flip, decode_keypoints, decode_pose
+from sapiens2.postprocess import (
+    composite,
+    matting_to_image,
+    normals_to_image,
+    pointmap_to_image,
+    segmentation_labels,
+    segmentation_scores,
+    to_hwc,
+)
+from sapiens2.processing import ProcessorSettings
+
+KEYPOINT_TOLERANCE = 1e-3
+SCORE_TOLERANCE = 1e-5
+MAP_TOLERANCE = 1e-5
+TIE = 1e-5
+
+
+def _reference(size: tuple[int, int], **kwargs) -> Sapiens2ImageProcessor:
+    return Sapiens2ImageProcessor(size={"height": size[0], "width": size[1]}, **kwargs)
+
+
+# --- segmentation -------------------------------------------------------------------------------------
+
+
+def _assert_labels_equal_but_ties(ours: torch.Tensor, scores: torch.Tensor, reference: torch.Tensor) -> None:
+    assert ours.dtype == torch.int64 and ours.shape == reference.shape
+    differ = ours != reference
+    if differ.any():  # only where the two best classes tie in float32
+        top2 = scores.movedim(0, -1)[differ].topk(2, dim=-1).values
+        assert ((top2[:, 0] - top2[:, 1]).abs() <= TIE * top2[:, 0].abs().clamp_min(1)).all()
+
+
+@pytest.mark.parametrize(
+    "size",
+    [(100, 75), (20, 15), (33, 71), (32, 24), (1, 1)],
+    ids=["up", "down", "odd", "same", "single"],
+)
+def test_segmentation_matches_reference(size: tuple[int, int]) -> None:
+    logits = torch.randn(2, 29, 32, 24, generator=torch.Generator().manual_seed(0))
+    reference = _reference((32, 24)).post_process_semantic_segmentation(
+        SimpleNamespace(logits=logits), target_sizes=[size, size], return_segmentation_scores=True
+    )
+    labels = segmentation_labels(logits, size)
+    scores = segmentation_scores(logits, size)
+    for index, expected in enumerate(reference):
+        assert torch.equal(scores[index], expected["segmentation_scores"])
+        _assert_labels_equal_but_ties(labels[index], scores[index], expected["segmentation"])
+
+
+def test_segmentation_without_resize_matches_reference() -> None:
+    logits = torch.randn(2, 5, 16, 12, generator=torch.Generator().manual_seed(1))
+    reference = _reference((16, 12)).post_process_semantic_segmentation(SimpleNamespace(logits=logits))
+    for ours, expected in zip(segmentation_labels(logits), reference, strict=True):
+        assert torch.equal(ours, expected)
+    assert segmentation_scores(logits) is logits
+
+
+def _body_part_logits(height: int, width: int, classes: int, seed: int) -> torch.Tensor:
+    """Smooth logits with large regions, like a body-part segmentation (few cells on class borders)."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(1, classes, 6, 5, generator=generator) * 4
+    noise = torch.randn(1, classes, height, width, generator=generator) * 0.05
+    return torch.nn.functional.interpolate(coarse, size=(height, width), mode="bicubic") + noise
+
+
+@pytest.mark.parametrize("classes", [29, 257])  # 257: labels no longer fit the uint8 shortcut
+def test_segmentation_of_smooth_logits_at_large_upscale(classes: int) -> None:
+    logits = _body_part_logits(64, 48, classes, seed=2)
+    size = (509, 383) if classes < 256 else (254, 191)
+    scores = torch.nn.functional.interpolate(logits, size=size, mode="bilinear", align_corners=False)
+    _assert_labels_equal_but_ties(segmentation_labels(logits, size)[0], scores[0], scores[0].argmax(0))
+
+
+# --- pose ---------------------------------------------------------------------------------------------
+
+
+def _heatmaps(persons: int, keypoints: int, height: int, width: int, seed: int) -> torch.Tensor:
+    """Gaussian peaks (sigma 2 cells) at sub-cell positions with noise; keypoint 0 of person 0 is all
+    negative (no detection: the reference decodes it from cell -1)."""
+    generator = torch.Generator().manual_seed(seed)
+    centers = (
+        torch.rand(persons, keypoints, 2, generator=generator) * torch.tensor([width - 5, height - 5]) + 2
+    )
+    peaks = torch.rand(persons, keypoints, 1, 1, generator=generator) * 0.8 + 0.2
+    ys = torch.arange(height).view(1, 1, -1, 1)
+    xs = torch.arange(width).view(1, 1, 1, -1)
+    distance = (xs - centers[..., 0, None, None]) ** 2 + (ys - centers[..., 1, None, None]) ** 2
+    heatmaps = peaks * torch.exp(-distance / 8) + 0.01 * torch.randn(
+        persons, keypoints, height, width, generator=generator
+    )
+    heatmaps[0, 0] = -heatmaps[0, 0].abs() - 0.1
+    return heatmaps
+
+
+IMAGE_BOXES = [[[10.0, 20.0, 150.5, 300.25], [200.0, 5.0, 80.0, 60.0]], [[-30.0, 40.0, 400.0, 90.0]]]
+
+
+def _assert_persons_match(ours: list, reference: list[list[dict]]) -> None:
+    flat = [person for image in reference for person in image]
+    assert len(ours) == len(flat)
+    for person, expected in zip(ours, flat, strict=True):
+        assert torch.equal(person.labels, expected["labels"])
+        torch.testing.assert_close(person.keypoints, expected["keypoints"], rtol=0, atol=KEYPOINT_TOLERANCE)
+        torch.testing.assert_close(person.scores, expected["scores"], rtol=0, atol=SCORE_TOLERANCE)
+        assert torch.equal(person.box_xyxy, expected["bbox"])
+
+
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("threshold", [None, 0.5])
+def test_pose_matches_reference(flip: bool, threshold: float | None) -> None:
+    input_size = (256, 192)
+    heatmaps = _heatmaps(3, 17, 64, 48, seed=3)
+    # The mirrored pass (already flipped back by the model) puts its peaks one cell to the right.
+    flipped = heatmaps.roll(1, dims=-1) + 0.01 * torch.randn(heatmaps.shape) if flip else None
+    boxes = [box for image in IMAGE_BOXES for box in image]
+    reference = _reference(input_size).post_process_pose_estimation(
+        SimpleNamespace(heatmaps=heatmaps),
+        boxes=IMAGE_BOXES,
+        outputs_flipped=SimpleNamespace(heatmaps=flipped) if flip else None,
+        threshold=threshold,
+    )
+    ours = decode_pose(heatmaps, boxes, input_size, heatmaps_flipped=flipped, threshold=threshold)
+    _assert_persons_match(ours, reference)
+    if threshold is not None:
+        assert 0 < sum(len(person.labels) for person in ours) < 3 * 17  # the threshold did drop some
+
+
+def test_pose_at_default_size_matches_reference() -> None:
+    heatmaps = _heatmaps(1, 20, 256, 192, seed=5)
+    boxes = [[100.5, 40.25, 900.0, 2600.0]]
+    reference = Sapiens2ImageProcessor().post_process_pose_estimation(
+        SimpleNamespace(heatmaps=heatmaps), boxes=[boxes]
+    )
+    _assert_persons_match(decode_pose(heatmaps, np.array(boxes)), reference)
+
+
+def test_decode_keypoints_shapes_and_flip_average() -> None:
+    heatmaps = _heatmaps(2, 5, 32, 24, seed=6)
+    boxes = torch.tensor([[0.0, 0.0, 60.0, 80.0], [10.0, 10.0, 30.0, 30.0]])
+    keypoints, scores = decode_keypoints(heatmaps, boxes, (128, 96))
+    assert keypoints.shape == (2, 5, 2) and keypoints.dtype == torch.float32 and scores.shape == (2, 5)
+    same, _ = decode_keypoints(heatmaps, boxes, (128, 96), heatmaps_flipped=heatmaps.clone())
+    assert torch.equal(same, keypoints)
+    assert torch.equal(average_flip(heatmaps, 3 * heatmaps), 2 * heatmaps)
+    with pytest.raises(ValueError):
+        decode_keypoints(heatmaps, boxes[:1], (128, 96))
+    assert decode_pose(heatmaps[:0], np.zeros((0, 4))) == []
+
+
+# --- normals and pointmaps ----------------------------------------------------------------------------
+
+
+SOURCE_SIZES = [(100, 40), (30, 90), (48, 64)]
+
+
+@pytest.mark.parametrize("source_size", SOURCE_SIZES, ids=["tall", "wide", "same-aspect"])
+@pytest.mark.parametrize("target_size", [None, (17, 23)], ids=["photo-size", "target-size"])
+def test_normals_match_reference(source_size: tuple[int, int], target_size: tuple[int, int] | None) -> None:
+    normals = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(7))
+    reference = _reference((64, 48), do_pad=True).post_process_normal_estimation(
+        SimpleNamespace(normals=normals),
+        source_sizes=[source_size] * 2,
+        target_sizes=None if target_size is None else [target_size] * 2,
+    )
+    settings = ProcessorSettings(height=64, width=48, do_pad=True)
+    ours = normals_to_image(normals, source_size, settings, target_size)
+    assert ours.shape == (2, 3, *(target_size or source_size))
+    for one, expected in zip(ours, reference, strict=True):
+        assert (one - expected["normals"]).abs().max() <= MAP_TOLERANCE
+
+
+def test_normals_at_default_size_match_reference() -> None:
+    normals = torch.randn(1, 3, 1024, 768, generator=torch.Generator().manual_seed(8))
+    source_size = (600, 512)
+    reference = Sapiens2ImageProcessor(do_pad=True).post_process_normal_estimation(
+        SimpleNamespace(normals=normals), source_sizes=[source_size]
+    )
+    ours = normals_to_image(normals, source_size, ProcessorSettings.for_task("normal"))
+    assert (ours[0] - reference[0]["normals"]).abs().max() <= MAP_TOLERANCE
+
+
+@pytest.mark.parametrize("with_scales", [True, False])
+@pytest.mark.parametrize("source_size", SOURCE_SIZES, ids=["tall", "wide", "same-aspect"])
+def test_pointmaps_match_reference(with_scales: bool, source_size: tuple[int, int]) -> None:
+    generator = torch.Generator().manual_seed(9)
+    pointmaps = torch.randn(2, 3, 64, 48, generator=generator) * 3
+    scales = torch.rand(2, 1, generator=generator) + 0.5 if with_scales else None
+    reference = _reference((64, 48), do_pad=True).post_process_pointmap_estimation(
+        SimpleNamespace(pointmaps=pointmaps, scales=scales), source_sizes=[source_size] * 2
+    )
+    ours = pointmap_to_image(
+        pointmaps, scales, source_size, ProcessorSettings(height=64, width=48, do_pad=True)
+    )
+    for one, expected in zip(ours, reference, strict=True):
+        assert (one - expected["pointmap"]).abs().max() <= MAP_TOLERANCE * expected["pointmap"].abs().max()
+
+
+def test_maps_of_unpadded_models_are_only_resized() -> None:
+    normals = torch.randn(1, 3, 64, 48, generator=torch.Generator().manual_seed(10))
+    reference = _reference((64, 48)).post_process_normal_estimation(
+        SimpleNamespace(normals=normals), target_sizes=[(100, 40)]
+    )
+    ours = normals_to_image(normals, (100, 40), ProcessorSettings(height=64, width=48))
+    assert (ours[0] - reference[0]["normals"]).abs().max() <= MAP_TOLERANCE
+
+
+# --- matting ------------------------------------------------------------------------------------------
+
+
+def _matting(seed: int) -> SimpleNamespace:
+    generator = torch.Generator().manual_seed(seed)
+    alphas = torch.rand(2, 1, 32, 24, generator=generator) * 1.1 - 0.05  # a little outside [0, 1]
+    foregrounds = alphas * (torch.rand(2, 3, 32, 24, generator=generator) * 1.1 - 0.05)
+    return SimpleNamespace(foregrounds=foregrounds, alphas=alphas)
+
+
+@pytest.mark.parametrize("size", [None, (50, 70)])
+def test_matting_matches_reference(size: tuple[int, int] | None) -> None:
+    outputs = _matting(11)
+    reference = _reference((32, 24)).post_process_image_matting(
+        outputs, target_sizes=None if size is None else [size] * 2
+    )
+    foreground, alpha = matting_to_image(outputs.foregrounds, outputs.alphas, size)
+    for index, expected in enumerate(reference):
+        assert torch.equal(foreground[index], expected["foreground"])
+        assert torch.equal(alpha[index], expected["alpha"])
+
+
+def test_composite_over_an_image_matches_reference() -> None:
+    outputs = _matting(12)
+    background = np.random.default_rng(13).integers(0, 256, size=(41, 29, 3), dtype=np.uint8)
+    reference = _reference((32, 24)).post_process_image_matting(
+        outputs, target_sizes=[(50, 70)] * 2, backgrounds=background
+    )
+    foreground, alpha = matting_to_image(outputs.foregrounds, outputs.alphas, (50, 70))
+    ours = composite(foreground, alpha, background)
+    assert ours.dtype == torch.uint8 and ours.shape == (2, 3, 50, 70)
+    for one, expected in zip(ours, reference, strict=True):
+        assert torch.equal(one, expected["composite"])
+
+
+def test_composite_over_a_colour_matches_reference() -> None:
+    outputs = _matting(14)
+    colour = (0, 177, 64)
+    foreground, alpha = matting_to_image(outputs.foregrounds, outputs.alphas, (50, 70))
+    ours = composite(foreground, alpha, colour)
+    processor = _reference((32, 24))
+    full = np.broadcast_to(np.array(colour, dtype=np.uint8), (50, 70, 3)).copy()
+    exact = processor.post_process_image_matting(outputs, target_sizes=[(50, 70)] * 2, backgrounds=full)
+    tiny = processor.post_process_image_matting(
+        outputs,
+        target_sizes=[(50, 70)] * 2,
+        backgrounds=torch.tensor(colour, dtype=torch.uint8).view(3, 1, 1),
+    )
+    for one, expected, interpolated in zip(ours, exact, tiny, strict=True):
+        assert torch.equal(one, expected["composite"])
+        assert (one.int() - interpolated["composite"].int()).abs().max() <= 1
+
+
+def test_transparent_composite_is_straight_rgba() -> None:
+    generator = torch.Generator().manual_seed(15)
+    alpha = torch.rand(2, 1, 40, 30, generator=generator)
+    colour = torch.rand(2, 3, 40, 30, generator=generator)
+    rgba = composite(alpha * colour, alpha, None)
+    assert rgba.dtype == torch.uint8 and rgba.shape == (2, 4, 40, 30)
+    assert torch.equal(rgba[:, 3:], (alpha * 255.999).to(torch.uint8))
+    opaque = alpha[:, 0] > 0.05
+    assert ((rgba[:, :3].float() / 255 - colour).abs().amax(1)[opaque] <= 1 / 255).all()
+
+
+def test_composite_refuses_bad_backgrounds() -> None:
+    foreground, alpha = matting_to_image(_matting(16).foregrounds, _matting(16).alphas)
+    for background in [(0, 300, 0), (1, 2), np.zeros((4, 4), np.uint8), "green"]:
+        with pytest.raises(ValueError):
+            composite(foreground, alpha, background)
+
+
+def test_to_hwc() -> None:
+    chw = torch.arange(24).view(2, 3, 4)
+    assert to_hwc(chw).shape == (3, 4, 2) and to_hwc(chw)[1, 2, 1] == chw[1, 1, 2]
+    assert to_hwc(chw[0]).shape == (3, 4)
