@@ -413,8 +413,8 @@ def _materialize(
     """Read every tensor into `dtype` (floating tensors only) on `device`.
 
     On the CPU a tensor already in the right dtype is a view of the memory-mapped file (no copy). The others
-    are read by a few threads, each through its own reusable staging buffer, and converted: the peak is the
-    result plus one buffer per thread.
+    are read by a few threads, each through its own reusable (pinned, for CUDA) staging buffer, and converted:
+    the peak is the result plus one tensor per thread, on the host and on the device.
     """
     targets = {name: dtype if t.dtype.is_floating_point else t.dtype for name, t in expected.items()}
     on_cpu = device.type == "cpu"
@@ -446,7 +446,11 @@ def _materialize(
     def convert(name: str) -> torch.Tensor:
         staging = buffers.get()
         try:
-            return _read_into(entries[name], staging).to(device=device, dtype=targets[name], copy=True)
+            tensor = _read_into(entries[name], staging)
+            if on_cpu:
+                return tensor.to(targets[name], copy=True)
+            # Cast on the device: a cast inside a host-to-device copy runs on the host, via pageable memory.
+            return tensor.to(device).to(targets[name])
         finally:
             buffers.put(staging)
 
