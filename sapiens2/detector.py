@@ -144,9 +144,13 @@ class YoloPersonDetector:
                     f"{self.weights} is not in {source.parent} and YOLO_OFFLINE forbids downloading it"
                 )
         try:
-            return YOLO(str(source))
+            model = YOLO(str(source))
         except Exception as error:
             raise DetectorError(f"cannot load detector weights {source}: {error}") from error
+        first = model.names.get(PERSON_CLASS)
+        if first != "person":
+            raise DetectorError(f"class {PERSON_CLASS} of {source} is {first!r}, not 'person' as in COCO")
+        return model
 
     def detect(self, image_rgb: np.ndarray) -> Detections:
         """Person boxes in an RGB uint8 (H, W, 3) image."""

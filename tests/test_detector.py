@@ -42,6 +42,7 @@ def tiny_yolo(tmp_path_factory) -> str:
 
     torch.manual_seed(0)
     model = YOLO("yolo11n.yaml")
+    model.model.names = {i: f"class {i}" for i in range(80)} | {0: "person", 2: "car"}
     with torch.no_grad():
         for level, branch in enumerate(model.model.model[-1].cv3):
             branch[-1].bias[0] = 2.0 if level else -9.0
@@ -103,6 +104,15 @@ def test_offline_name_not_downloaded(tmp_path, monkeypatch, photo):
     with pytest.raises(DetectorError, match="YOLO_OFFLINE"):
         detector.detect(photo)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_without_a_person_class_is_refused(tmp_path, photo):
+    from ultralytics import YOLO
+
+    path = tmp_path / "unnamed.pt"
+    YOLO("yolo11n.yaml").save(str(path))
+    with pytest.raises(DetectorError, match="not 'person'"):
+        YoloPersonDetector(path).detect(photo)
 
 
 def test_real_model_keeps_only_persons_best_first(tiny_yolo, photo):
