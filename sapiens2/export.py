@@ -50,7 +50,7 @@ def _target(directory: str | os.PathLike, stem: str, suffix: str) -> Path:
     return folder / f"{stem}{suffix}"
 
 
-def _bytes(data: bytes) -> Writer:
+def _bytes(data: bytes | memoryview) -> Writer:
     return lambda file: file.write(data)
 
 
@@ -70,7 +70,7 @@ def _png(picture: np.ndarray) -> Writer:
     ok, encoded = cv2.imencode(".png", picture)
     if not ok:
         raise ValueError(f"cannot encode a {picture.dtype} {picture.shape} array as PNG")
-    return _bytes(encoded.tobytes())
+    return _bytes(memoryview(encoded))
 
 
 def _rounded(values: np.ndarray, digits: int) -> list:
