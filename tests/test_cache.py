@@ -24,8 +24,9 @@ class CountingLoader:
 
 
 def make_cache(loader, budget, estimate=None):
-    return ModelCache(loader, device=torch.device("cpu"), dtype=torch.float32, budget_bytes=budget,
-                      estimate=estimate)
+    return ModelCache(
+        loader, device=torch.device("cpu"), dtype=torch.float32, budget_bytes=budget, estimate=estimate
+    )
 
 
 def test_second_request_reuses_the_loaded_model():

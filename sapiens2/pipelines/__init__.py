@@ -1,0 +1,1 @@
+"""One module per task: photos in, TaskResults (pictures, prediction, exports) out."""

@@ -1,0 +1,70 @@
+"""Image matting: alpha matte, cut-out on a checkerboard and a composite over a colour or an image."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..export import write_matting, write_picture
+from ..images import LoadedImage, load_image
+from ..options import Option
+from ..postprocess import composite, matting_to_image, to_hwc
+from ..results import TaskResult, Timings
+from ..visualize import alpha_picture, cutout_on_checkerboard
+from .common import forward_photos, rows
+
+OPTIONS = (
+    Option("background_color", "Background colour", "color", "#00b140"),
+    Option("background_image", "Background image (optional)", "image", None),
+)
+
+
+def _background(options: dict) -> tuple[int, int, int] | np.ndarray:
+    """The uploaded background image when there is one, else the colour."""
+    image = options["background_image"]
+    if image is None:
+        return options["background_color"]
+    return (image if isinstance(image, LoadedImage) else load_image(image)).rgb
+
+
+def _exporter(rgb: np.ndarray, alpha: np.ndarray, blended: np.ndarray):
+    def export(directory, stem):
+        return write_matting(directory, stem, rgb, alpha) + write_picture(
+            directory, stem, "_composite", blended
+        )
+
+    return export
+
+
+def run(
+    runtime, task, images: Sequence[LoadedImage], repo_id: str, options: dict, progress=None
+) -> list[TaskResult]:
+    timings = Timings()
+    background = _background(options)
+    outputs, _ = forward_photos(runtime, repo_id, "matting", images, timings, progress)
+    share = timings.share(len(images))
+    results = []
+    for index, image in enumerate(images):
+        post = Timings()
+        with post.measure("post"):
+            output = rows(outputs, index)
+            foreground, alpha = matting_to_image(output["foregrounds"], output["alphas"], image.original_size)
+            blended = to_hwc(composite(foreground, alpha, background)[0])
+            matte = to_hwc(alpha[0, 0])
+            pictures = [
+                ("Alpha", alpha_picture(matte)),
+                ("Cut-out", cutout_on_checkerboard(image.rgb, matte)),
+                ("Composite", blended),
+            ]
+        results.append(
+            TaskResult(
+                task=task.name,
+                model_id=repo_id,
+                pictures=pictures,
+                prediction=matte,
+                exporter=_exporter(image.rgb, matte, blended),
+                timings=Timings(share.detection, share.model, share.post + post.post),
+            )
+        )
+    return results

@@ -1,0 +1,68 @@
+"""What running a task on one photo gives back: pictures, a prediction, exports, timings and notes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Timings:
+    """Seconds spent per stage, summed over the photo's share of a batch."""
+
+    detection: float = 0.0
+    model: float = 0.0
+    post: float = 0.0
+
+    @contextmanager
+    def measure(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, stage, getattr(self, stage) + time.perf_counter() - start)
+
+    def share(self, count: int) -> Timings:
+        """These timings divided evenly among `count` photos of one batch."""
+        return Timings(self.detection / count, self.model / count, self.post / count)
+
+
+Exporter = Callable[[Path, str], list[Path]]
+
+
+@dataclass
+class TaskResult:
+    """One task's answer for one photo; pictures are uint8 RGB at the photo's own size."""
+
+    task: str
+    model_id: str
+    pictures: list[tuple[str, np.ndarray]]
+    prediction: Any
+    exporter: Exporter
+    summary: str = ""
+    notes: list[str] = field(default_factory=list)
+    timings: Timings = field(default_factory=Timings)
+    device: str = "cpu"
+    dtype: str = "fp32"
+
+    def timing_line(self) -> str:
+        """A one-line account of where the time went, with the device and precision."""
+        parts = []
+        if self.timings.detection:
+            parts.append(f"detection {self.timings.detection:.2f} s")
+        parts.append(f"model {self.timings.model:.2f} s")
+        parts.append(f"post-processing {self.timings.post:.2f} s")
+        line = " · ".join(parts + [self.device, self.dtype])
+        return line[0].upper() + line[1:]
+
+    def export(self, directory: str | Path, stem: str) -> list[Path]:
+        """Write the task's files (JSON, PNG, .npy, .ply) into `directory`, named after `stem`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        return self.exporter(directory, stem)

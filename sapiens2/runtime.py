@@ -1,0 +1,176 @@
+"""The runtime: one device, one model cache and one person detector, running registered tasks on photos."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import hub
+from .cache import ModelCache, budget_from_env
+from .detector import Detections, PersonDetector, YoloPersonDetector
+from .device import dtype_name, resolve_device, resolve_dtype
+from .errors import ConfigError
+from .images import LoadedImage, load_image
+from .processing import ProcessorSettings
+from .results import TaskResult
+from .tasks import TASKS, Task, get_task, model_bytes_estimate
+
+Progress = Callable[[float, str], None]
+DEFAULT_BATCH_SIZE = 8
+
+
+class Runtime:
+    """Runs tasks by name on photos; models are loaded once and shared by every task and caller."""
+
+    def __init__(
+        self,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        detector: str | PersonDetector | None = None,
+        cache: ModelCache | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ):
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        if batch_size < 1:
+            raise ConfigError(f"batch size must be at least 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.cache = cache or ModelCache(
+            hub.from_pretrained,
+            device=self.device,
+            dtype=self.dtype,
+            budget_bytes=budget_from_env(self.device),
+            estimate=lambda repo_id: model_bytes_estimate(repo_id, self.dtype),
+        )
+        self._detector_source = detector
+        self._detector: PersonDetector | None = (
+            detector if not isinstance(detector, (str, type(None))) else None
+        )
+        self._detector_lock = threading.Lock()
+        self._settings: dict[str, ProcessorSettings] = {}
+
+    @property
+    def device_label(self) -> str:
+        return self.device.type if self.device.index is None else str(self.device)
+
+    @property
+    def dtype_label(self) -> str:
+        return dtype_name(self.dtype)
+
+    # ---- what tasks call -------------------------------------------------------------------------------
+
+    def model(self, repo_id: str, progress: Progress | None = None) -> nn.Module:
+        """The cached model of `repo_id`, loading (and downloading) it on first use."""
+        return self.cache.get(repo_id, progress=progress)
+
+    def settings(self, repo_id: str, task: str) -> ProcessorSettings:
+        """The repo's preprocessing: its preprocessor_config.json when available, else the task's defaults."""
+        if repo_id not in self._settings:
+            try:
+                checkpoint = hub.resolve_checkpoint(repo_id)
+                directory = checkpoint.config_path.parent if checkpoint.config_path else None
+            except hub.CheckpointError:
+                directory = None
+            if directory is None:
+                self._settings[repo_id] = ProcessorSettings.for_task(task)
+            else:
+                self._settings[repo_id] = ProcessorSettings.from_pretrained_dir(directory, task)
+        return self._settings[repo_id]
+
+    def detect(self, image: LoadedImage) -> Detections:
+        """Person boxes in the photo's model-side pixels."""
+        with self._detector_lock:
+            if self._detector is None:
+                self._detector = YoloPersonDetector(self._detector_source, device=str(self.device))
+            detector = self._detector
+        return detector.detect(image.model_rgb)
+
+    def forward(self, model: nn.Module, pixel_values: torch.Tensor, **kwargs: Any) -> dict[str, torch.Tensor]:
+        """The model's float32 outputs for a batch of inputs, run in chunks of `batch_size`."""
+        chunks: list[dict[str, torch.Tensor]] = []
+        with torch.inference_mode():
+            for start in range(0, len(pixel_values), self.batch_size):
+                batch = pixel_values[start : start + self.batch_size].to(self.device, self.dtype)
+                output = model(batch, **kwargs)
+                chunks.append({k: v.float() for k, v in vars(output).items() if isinstance(v, torch.Tensor)})
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return {name: torch.cat([chunk[name] for chunk in chunks]) for name in chunks[0]}
+
+    # ---- what the app and the command line call ------------------------------------------------------
+
+    def run(
+        self,
+        task: str,
+        image: Any,
+        *,
+        size: str | None = None,
+        progress: Progress | None = None,
+        **options: Any,
+    ) -> TaskResult:
+        """Run `task` on one photo (a LoadedImage or anything `load_image` reads)."""
+        return self.run_batch(task, [image], size=size, progress=progress, **options)[0]
+
+    def run_batch(
+        self,
+        task: str,
+        images: Sequence[Any],
+        *,
+        size: str | None = None,
+        progress: Progress | None = None,
+        **options: Any,
+    ) -> list[TaskResult]:
+        """Run `task` on several photos, batching them through the model."""
+        entry = get_task(task)
+        loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
+        repo_id = entry.repo_id(size)
+        values = entry.coerce_options(options)
+        results = entry.run(self, loaded, repo_id, values, progress)
+        for image, result in zip(loaded, results, strict=True):
+            result.notes = list(image.notes) + result.notes
+            result.device, result.dtype = self.device_label, self.dtype_label
+        return results
+
+    def run_all(
+        self, image: Any, *, size: str | None = None, progress: Progress | None = None
+    ) -> list[TaskResult]:
+        """Every picture task on one photo, sharing the cached models (the body-part model among them)."""
+        loaded = image if isinstance(image, LoadedImage) else load_image(image)
+        names = [name for name, task in TASKS.items() if task.in_overview]
+        results = []
+        for index, name in enumerate(names):
+            task = TASKS[name]
+            chosen = size if size in task.repos else None
+            step = _sub_progress(progress, index, len(names), task.title)
+            results.append(self.run(name, loaded, size=chosen, progress=step))
+        return results
+
+    def download_note(self, task: str, size: str | None = None) -> str | None:
+        """A sentence saying what the first use of this model will download, or None when it is local."""
+        entry: Task = get_task(task)
+        repo_ids = entry.repo_ids_needed(size)
+        lines = []
+        for repo_id in repo_ids:
+            if repo_id in self.cache:
+                continue
+            remaining = hub.checkpoint_download_size(repo_id)
+            if remaining == 0:
+                continue
+            amount = (
+                f"{remaining / 1e9:.1f} GB" if remaining else f"about {entry.approx_download_gb(repo_id)}"
+            )
+            lines.append(f"{repo_id} ({amount})")
+        if not lines:
+            return None
+        return "First use downloads " + " and ".join(lines) + "; later runs reuse it."
+
+
+def _sub_progress(progress: Progress | None, index: int, count: int, title: str) -> Progress | None:
+    if progress is None:
+        return None
+    return lambda fraction, text: progress((index + fraction) / count, f"{title}: {text}")
