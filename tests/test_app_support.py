@@ -1,0 +1,47 @@
+"""Error sentences and the bounded scratch area that the app (and the command line) rely on."""
+
+import pytest
+import torch
+
+from sapiens2.detector import DetectorError
+from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from sapiens2.images import ImageInputError
+from sapiens2.messages import describe_error, is_expected
+from sapiens2.scratch import ScratchSpace
+
+
+def test_each_kind_of_error_gets_its_own_sentence():
+    assert describe_error(ImageInputError("The file is empty (0 bytes).")) == "The file is empty (0 bytes)."
+    missing = describe_error(CheckpointNotFoundError("facebook/sapiens2-pose-1b: not in the cache"))
+    assert missing.startswith("The model could not be found or downloaded: facebook/sapiens2-pose-1b")
+    gated = describe_error(CheckpointError("facebook/x is gated: provide a token with HF_TOKEN"))
+    assert "HF_TOKEN" in gated and "damaged" not in gated
+    corrupt = describe_error(CheckpointError("model.safetensors: truncated or corrupt"))
+    assert "truncated or corrupt." in corrupt and "fetched again" in corrupt
+    assert "SAPIENS2_DETECTOR" in describe_error(DetectorError("cannot load detector weights x.pt"))
+    assert "GPU ran out of memory" in describe_error(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    assert describe_error(ConfigError("bad device")).startswith("A setting is not valid: bad device.")
+    assert describe_error(ValueError("Option 'threshold' must be between 0 and 1")).endswith("0 and 1.")
+
+
+def test_unexpected_errors_hide_their_details():
+    message = describe_error(KeyError("/secret/path"))
+    assert "KeyError" in message and "/secret/path" not in message
+    assert not is_expected(KeyError("x")) and not is_expected(RuntimeError("x"))
+    assert is_expected(ImageInputError("x")) and is_expected(torch.cuda.OutOfMemoryError("x"))
+
+
+def test_scratch_keeps_only_the_newest_folders(tmp_path):
+    scratch = ScratchSpace(tmp_path / "root", keep=3)
+    folders = []
+    for index in range(5):
+        folder = scratch.new_folder()
+        (folder / "file.bin").write_bytes(b"x" * 10)
+        folders.append(folder)
+        assert folder.is_dir() and len(scratch.folders()) == min(index + 1, 3)
+    assert scratch.folders() == folders[-3:]
+    assert scratch.size_bytes() == 30
+    scratch.remove()
+    assert not (tmp_path / "root").exists()
+    with pytest.raises(ValueError):
+        ScratchSpace(tmp_path, keep=0)
