@@ -1,0 +1,416 @@
+"""Sapiens2 Studio: Meta's Sapiens2 human-centric vision models in a Gradio app.
+
+Layout and wiring only: every tab is built from the task registry (`sapiens2.tasks`) and every request is
+answered by `sapiens2.runtime.Runtime`, which holds the device, the model cache and the person detector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from sapiens2.images import sanitize_filename
+from sapiens2.messages import describe_error, is_expected
+from sapiens2.results import TaskResult
+from sapiens2.runtime import Runtime
+from sapiens2.scratch import ScratchSpace
+from sapiens2.tasks import ALL_TASKS, TASKS, Task, get_task
+from sapiens2.visualize import grid
+
+try:  # On a Hugging Face ZeroGPU Space, this lends the function a GPU for the length of each call.
+    import spaces
+
+    gpu = spaces.GPU(duration=120)
+except ImportError:
+
+    def gpu(function: Callable) -> Callable:
+        return function
+
+
+log = logging.getLogger("sapiens2.app")
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+EXAMPLES = [[str(ASSETS / "grace_hopper.jpg")], [str(ASSETS / "astronaut.png")]]
+# Every model event shares one concurrency group of size 1: the device never runs two forwards at once,
+# and requests beyond the queue's size get a "queue is full" answer instead of waiting without end.
+MODEL_EVENTS = "models"
+MAX_QUEUE = 24
+MAX_UPLOAD = "40mb"
+OVERVIEW_HEIGHT = 1024  # the "All tasks" grid's picture height at most, in pixels
+LIVE_WINDOW = 10  # frames the live frame rate is measured over
+# Marks the parameter Gradio fills with each request's own progress tracker.
+PROGRESS = gr.Progress()
+
+TITLE = "Sapiens2 Studio"
+INTRO = (
+    "Meta's **Sapiens2** models for images of people: 308 keypoints per person, 29 body parts, surface "
+    "normals, depth and matting, from the official checkpoints. Drop in a photo, paste one, or take a "
+    "webcam snapshot."
+)
+LICENCE = (
+    "The Sapiens2 weights are under the [Sapiens2 licence](https://github.com/facebookresearch/sapiens2/"
+    "blob/main/LICENSE.md): they may not be used for surveillance, for biometric processing or "
+    "identification, or to track people without their consent."
+)
+CSS = """
+.studio-header h1 { margin-bottom: 0.2em; }
+.studio-note { border-left: 4px solid var(--color-accent); padding: 0.1em 0.8em;
+               background: var(--background-fill-secondary); border-radius: 4px; }
+.studio-timing { color: var(--body-text-color-subdued); font-size: 0.9em; }
+"""
+THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="sky")
+
+
+def build_app(runtime: Runtime, scratch: ScratchSpace | None = None) -> gr.Blocks:
+    """The whole UI: one tab per task, an "All tasks" tab and a live webcam tab."""
+    scratch = scratch or ScratchSpace()
+    with gr.Blocks(title=TITLE, delete_cache=(1800, 3600)) as demo:
+        with gr.Column(elem_classes="studio-header"):
+            gr.Markdown(f"# {TITLE}\n{INTRO}")
+            gr.Markdown(_device_note(runtime), elem_classes="studio-note")
+        with gr.Tabs():
+            for task in TASKS.values():
+                with gr.Tab(task.title, id=task.name):
+                    _task_tab(task, runtime, scratch)
+            with gr.Tab("All tasks", id="all"):
+                _overview_tab(runtime, scratch)
+            with gr.Tab("Live webcam", id="live"):
+                _live_tab(runtime)
+        gr.Markdown(LICENCE, elem_classes="studio-note")
+    return demo
+
+
+def launch(
+    demo: gr.Blocks,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    share: bool = False,
+    prevent_thread_lock: bool = False,
+):
+    """Start the server with the app's queue limits, theme and upload cap."""
+    demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
+    return demo.launch(
+        server_name=host,
+        server_port=port,
+        share=share,
+        prevent_thread_lock=prevent_thread_lock,
+        max_file_size=MAX_UPLOAD,
+        theme=THEME,
+        css=CSS,
+    )
+
+
+# ---- tabs --------------------------------------------------------------------------------------------------
+
+
+def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace) -> None:
+    """Input, model size, the task's options and its outputs, wired to the endpoint /<task name>."""
+    gr.Markdown(f"### {task.title}\n{task.description}")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2):
+            image = _photo_input()
+            size = gr.Dropdown(list(task.repos), value=task.default_size, label="Model size")
+            note = gr.Markdown(_download_note(runtime, task.name, task.default_size))
+            controls = {}
+            if task.options:
+                with gr.Accordion("Options", open=True):
+                    controls = {option.name: _control(option) for option in task.options}
+            button = gr.Button(f"Run {task.title.lower()}", variant="primary")
+            gr.Examples(EXAMPLES, inputs=[image], label="Example photos", cache_examples=False)
+        with gr.Column(scale=3):
+            pictures = _picture_outputs(task.picture_titles)
+            summary = gr.Markdown()
+            timing = gr.Markdown(elem_classes="studio-timing")
+            cloud = gr.Model3D(label="Point cloud", height=420) if "ply" in task.export_kinds else None
+            files = gr.File(label="Downloads", file_count="multiple", interactive=False)
+    outputs = [*pictures, summary, timing, files, *([cloud] if cloud else [])]
+    event = button.click(
+        _task_handler(task, runtime, scratch),
+        inputs=[image, size, *controls.values()],
+        outputs=outputs,
+        api_name=task.name,
+        api_description=task.description,
+        preprocess=False,
+        concurrency_id=MODEL_EVENTS,
+    )
+    refresh = _note_handler(runtime, task.name)
+    size.change(refresh, size, note, queue=False, api_visibility="private")
+    event.then(refresh, size, note, queue=False, api_visibility="private")
+
+
+def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
+    """One photo through every picture task, shown side by side; endpoint /all."""
+    titles = ", ".join(TASKS[name].title.lower() for name in ALL_TASKS)
+    gr.Markdown(f"### All tasks\nOne photo through {titles}, reusing the models already loaded.")
+    sizes = list(dict.fromkeys(size for name in ALL_TASKS for size in TASKS[name].repos))
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1):
+            image = _photo_input()
+            size = gr.Dropdown(
+                sizes,
+                value=sizes[0],
+                label="Model size",
+                info="Tasks without this size use their own default.",
+            )
+            button = gr.Button("Run all tasks", variant="primary")
+            gr.Examples(EXAMPLES, inputs=[image], label="Example photos", cache_examples=False)
+        with gr.Column(scale=4):
+            picture = gr.Image(label="All tasks", format="png", height=420, interactive=False)
+            summary = gr.Markdown()
+            timing = gr.Markdown(elem_classes="studio-timing")
+            files = gr.File(label="Downloads", file_count="multiple", interactive=False)
+
+    def run_all(image: Any, size: str = sizes[0], progress: gr.Progress = PROGRESS) -> list:
+        path, stem = _upload(image)
+        with _user_errors():
+            results = _overview(runtime, path, size, _reporter(progress))
+            folder = scratch.new_folder()
+            files_out = [p for r in results for p in r.export(folder / r.task, stem)]
+        height = min(results[0].pictures[0][1].shape[0], OVERVIEW_HEIGHT)
+        tiles = [result.pictures[0][1] for result in results]
+        combined = grid(tiles, [TASKS[result.task].title for result in results], height=height)
+        lines = [f"**{TASKS[r.task].title}**: {_summary(r) or 'done.'}" for r in results]
+        timings = [f"{TASKS[r.task].title}: {r.timing_line()}" for r in results]
+        return [combined, "\n\n".join(lines), "<br>".join(timings), [str(p) for p in files_out]]
+
+    button.click(
+        run_all,
+        inputs=[image, size],
+        outputs=[picture, summary, timing, files],
+        api_name="all",
+        api_description="Every picture task on one photo, side by side.",
+        preprocess=False,
+        concurrency_id=MODEL_EVENTS,
+    )
+
+
+def _live_tab(runtime: Runtime) -> None:
+    """Webcam frames streamed through a chosen task with its smallest model, with the frame rate."""
+    gr.Markdown(
+        "### Live webcam\nEvery frame goes through the chosen task with its smallest model. " + LICENCE,
+        elem_classes="studio-note",
+    )
+    choice = gr.Radio([(task.title, task.name) for task in TASKS.values()], value="pose", label="Task")
+    with gr.Row():
+        camera = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Webcam")
+        shown = gr.Image(label="Result", format="jpeg", interactive=False)
+    rate = gr.Markdown()
+    recent = gr.State([])
+
+    def on_frame(frame: Any, task: str, times: list[float]) -> tuple[Any, str, list[float]]:
+        if frame is None:
+            return gr.skip(), gr.skip(), times
+        with _user_errors():
+            entry = get_task(task)
+            result = _predict(runtime, task, frame, next(iter(entry.repos)), {}, None)
+        times = (times + [time.perf_counter()])[-LIVE_WINDOW:]
+        fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+        line = f"**{fps:.1f} frames per second** · {entry.title} {result.model_id} · {result.timing_line()}"
+        return result.pictures[0][1], line, times
+
+    camera.stream(
+        on_frame,
+        inputs=[camera, choice, recent],
+        outputs=[shown, rate, recent],
+        stream_every=0.1,
+        time_limit=600,
+        concurrency_id=MODEL_EVENTS,
+        api_visibility="private",
+    )
+
+
+# ---- components --------------------------------------------------------------------------------------------
+
+
+def _photo_input() -> gr.Image:
+    return gr.Image(
+        label="Photo", type="filepath", sources=["upload", "clipboard", "webcam"], image_mode=None, height=360
+    )
+
+
+def _control(option) -> gr.components.Component:
+    """The input component of one task option, chosen by its kind."""
+    info = option.help or None
+    if option.kind == "slider":
+        return gr.Slider(
+            option.minimum,
+            option.maximum,
+            value=option.default,
+            step=option.step,
+            label=option.label,
+            info=info,
+        )
+    if option.kind == "checkbox":
+        return gr.Checkbox(value=option.default, label=option.label, info=info)
+    if option.kind == "color":
+        return gr.ColorPicker(value=option.default, label=option.label, info=info)
+    return gr.Image(label=option.label, type="filepath", sources=["upload", "clipboard"], height=160)
+
+
+def _picture_outputs(titles: Sequence[str]) -> list[gr.Image]:
+    """The first picture large, the others side by side under it."""
+    main = gr.Image(label=titles[0], format="png", height=520, interactive=False)
+    if len(titles) == 1:
+        return [main]
+    with gr.Row():
+        rest = [gr.Image(label=title, format="png", height=300, interactive=False) for title in titles[1:]]
+    return [main, *rest]
+
+
+# ---- handlers ----------------------------------------------------------------------------------------------
+
+
+@gpu
+def _predict(
+    runtime: Runtime, task: str, image: Any, size: str | None, options: dict, progress
+) -> TaskResult:
+    return runtime.run(task, image, size=size, progress=progress, **options)
+
+
+@gpu
+def _overview(runtime: Runtime, image: Any, size: str | None, progress) -> list[TaskResult]:
+    return runtime.run_all(image, size=size, progress=progress)
+
+
+def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callable:
+    """The endpoint of one task: (image, size, *options) -> (*pictures, summary, timing, files[, cloud]).
+
+    Its signature names every parameter after the task's options, each with its default, so API clients
+    can call `predict(handle_file(photo), api_name="/<task>")` and set any option by name.
+    """
+    names = [option.name for option in task.options]
+
+    def handler(image: Any, size: str | None, *values: Any) -> list:
+        *values, progress = values
+        path, stem = _upload(image)
+        options = {name: _option_value(value) for name, value in zip(names, values, strict=True)}
+        with _user_errors():
+            result = _predict(runtime, task.name, path, size, options, _reporter(progress))
+            files = result.export(scratch.new_folder(), stem)
+        pictures = dict(result.pictures)
+        outputs = [pictures.get(title) for title in task.picture_titles]
+        outputs += [_summary(result), result.timing_line(), [str(path) for path in files]]
+        if "ply" in task.export_kinds:
+            outputs.append(next((str(path) for path in files if path.suffix == ".ply"), None))
+        return outputs
+
+    parameter = inspect.Parameter
+    handler.__signature__ = inspect.Signature(
+        [
+            parameter("image", parameter.POSITIONAL_OR_KEYWORD),
+            parameter("size", parameter.POSITIONAL_OR_KEYWORD, default=task.default_size),
+            *(parameter(o.name, parameter.POSITIONAL_OR_KEYWORD, default=o.default) for o in task.options),
+            parameter("progress", parameter.POSITIONAL_OR_KEYWORD, default=PROGRESS),
+        ]
+    )
+    handler.__name__ = task.name
+    return handler
+
+
+def _note_handler(runtime: Runtime, task: str) -> Callable[[str], str]:
+    return lambda size: _download_note(runtime, task, size)
+
+
+def _download_note(runtime: Runtime, task: str, size: str | None) -> str:
+    try:
+        return runtime.download_note(task, size) or ""
+    except Exception:  # the note is a courtesy; the run itself reports any real problem
+        log.debug("no download note for %s %s", task, size, exc_info=True)
+        return ""
+
+
+def _device_note(runtime: Runtime) -> str:
+    line = f"Running on **{runtime.device_label}** in **{runtime.dtype_label}**."
+    if runtime.device.type == "cpu":
+        line += (
+            " On a CPU in fp32 a 0.4b model takes tens of seconds per photo, and larger ones minutes; "
+            "a GPU answers in about a second."
+        )
+    return line
+
+
+def _upload(payload: Any) -> tuple[str | None, str]:
+    """The uploaded file's path (None when nothing was sent) and a safe stem for the download names."""
+    if not isinstance(payload, dict):
+        return None, "photo"
+    name = sanitize_filename(payload.get("orig_name") or "photo", default="photo")
+    return payload.get("path"), Path(name).stem or "photo"
+
+
+def _option_value(value: Any) -> Any:
+    """An option's raw value from the page; an uploaded image becomes its file path."""
+    return _upload(value)[0] if isinstance(value, dict) else value
+
+
+def _summary(result: TaskResult) -> str:
+    return "\n".join([result.summary, *(f"- {note}" for note in result.notes)]).strip()
+
+
+def _reporter(progress: gr.Progress | None) -> Callable[[float, str], None] | None:
+    """The runtime's progress(fraction, text) callback drawn as the page's progress bar."""
+    if progress is None:
+        return None
+    return lambda fraction, text: progress(fraction, desc=text)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turns any failure into a gr.Error with a sentence saying what happened and what to do."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except Exception as error:
+        if is_expected(error):
+            log.info("request refused: %s", error)
+        else:
+            log.exception("request failed")
+        raise gr.Error(describe_error(error), print_exception=False) from error
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=f"{TITLE}: the Sapiens2 models in a web page.")
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: $SAPIENS2_DEVICE, else cuda if any)")
+    parser.add_argument("--dtype", help="bf16, fp16 or fp32 (default: $SAPIENS2_DTYPE, else bf16 on CUDA)")
+    parser.add_argument(
+        "--host",
+        default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for everyone)",
+    )
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
+    parser.add_argument(
+        "--checkpoint-dir", help="folder holding <repo id>/config.json + model.safetensors (offline use)"
+    )
+    parser.add_argument("--detector", help="ultralytics model name or local .pt file (default: yolo11m.pt)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    if args.checkpoint_dir:
+        os.environ["SAPIENS2_CHECKPOINT_DIR"] = str(Path(args.checkpoint_dir).expanduser().resolve())
+    try:
+        runtime = Runtime(device=args.device, dtype=args.dtype, detector=args.detector)
+    except Exception as error:
+        sys.exit(describe_error(error))
+    launch(build_app(runtime), host=args.host, port=args.port, share=args.share)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""A real Sapiens2 Studio server for tests: tiny random checkpoints, a tiny detector, a free local port.
+
+The server runs in the test process (Gradio's own threads), so tests can look at its runtime and cache
+while talking to it over HTTP like any client.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+from gradio_client import Client
+
+import app
+from sapiens2.cache import ModelCache
+from sapiens2.runtime import Runtime
+from sapiens2.scratch import ScratchSpace
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+PHOTOS = (ASSETS / "grace_hopper.jpg", ASSETS / "astronaut.png")
+
+
+@dataclass
+class Server:
+    url: str
+    runtime: Runtime
+    demo: gr.Blocks
+    scratch: ScratchSpace
+
+    def client(self) -> Client:
+        return Client(self.url, verbose=False, download_files=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def tiny_detector(folder: Path) -> str:
+    """A random-weight yolo11n built from its yaml (no download) with COCO's class 0, saved as a .pt file."""
+    import torch
+    from ultralytics import YOLO
+
+    torch.manual_seed(0)
+    model = YOLO("yolo11n.yaml")
+    model.model.names = {index: f"class {index}" for index in range(80)} | {0: "person"}
+    path = folder / "tiny_detector.pt"
+    model.save(str(path))
+    return str(path)
+
+
+@contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """Set environment variables for the block, then put the old values back."""
+    old = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def running_app(
+    checkpoint_dir: Path, detector: str, scratch_root: Path, cache: ModelCache | None = None
+) -> Iterator[Server]:
+    """The app on a free 127.0.0.1 port, offline, loading checkpoints from `checkpoint_dir`."""
+    settings = {
+        "SAPIENS2_CHECKPOINT_DIR": str(checkpoint_dir),
+        "HF_HUB_OFFLINE": "1",
+        "YOLO_OFFLINE": "1",
+        "GRADIO_ANALYTICS_ENABLED": "False",
+    }
+    with environment(**settings):
+        runtime = Runtime(device="cpu", dtype="fp32", detector=detector, cache=cache)
+        scratch = ScratchSpace(scratch_root)
+        demo = app.build_app(runtime, scratch)
+        port = free_port()
+        app.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
+        try:
+            yield Server(f"http://127.0.0.1:{port}/", runtime, demo, scratch)
+        finally:
+            demo.close()

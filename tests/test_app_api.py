@@ -1,0 +1,242 @@
+"""The app over HTTP: a real server with tiny checkpoints, called through gradio_client like any user."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from app_server import PHOTOS, environment, running_app, tiny_detector
+from gradio_client import handle_file
+from gradio_client.exceptions import AppError
+from PIL import Image
+
+import app
+from sapiens2 import hub
+from sapiens2.cache import ModelCache, model_bytes
+from sapiens2.tasks import TASKS
+
+KEYPOINTS = 308
+# The files each endpoint offers for download, after the photo's own name.
+EXPORTS = {
+    "pose": ["_pose.json"],
+    "segment": ["_segmentation.npy", "_segmentation.png"],
+    "normals": ["_normals.npy"],
+    "depth": ["_depth.npy", "_points.ply"],
+    "matting": ["_alpha.png", "_composite.png", "_cutout.png"],
+    "features": ["_cls.npy", "_patches.npy"],
+}
+# Pictures that are not drawn over the photo, so need not have its size.
+FREE_SIZE_PICTURES = {"Legend"}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_mirror, tmp_path_factory):
+    detector = tiny_detector(tmp_path_factory.mktemp("detector"))
+    with running_app(tiny_mirror, detector, tmp_path_factory.mktemp("scratch")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def photo_size(photo: Path) -> tuple[int, int]:
+    with Image.open(photo) as image:
+        return image.size
+
+
+def read_ply_header(path: Path) -> list[str]:
+    data = Path(path).read_bytes()
+    end = data.index(b"end_header\n")
+    return data[:end].decode("ascii").splitlines()
+
+
+def check_export(path: str, stem: str, size: tuple[int, int]) -> None:
+    """The file opens and has the shape the photo of `size` (width, height) calls for."""
+    width, height = size
+    suffix = Path(path).name.removeprefix(stem)
+    if suffix.endswith(".json"):
+        document = json.loads(Path(path).read_text())
+        assert document["image"] == {"width": width, "height": height}
+        assert document["persons"], "the pose document lists no person"
+        assert all(len(person["keypoints"]) == KEYPOINTS for person in document["persons"])
+    elif suffix.endswith(".png"):
+        with Image.open(path) as image:
+            assert image.size == size
+    elif suffix.endswith(".ply"):
+        header = read_ply_header(path)
+        assert header[0] == "ply"
+        vertices = next(int(line.split()[-1]) for line in header if line.startswith("element vertex"))
+        assert 0 < vertices <= width * height
+        properties = [line.split()[-1] for line in header if line.startswith("property")]
+        assert properties[:6] == ["x", "y", "z", "red", "green", "blue"]
+    else:
+        array = np.load(path)
+        shapes = {
+            "_segmentation.npy": (height, width),
+            "_depth.npy": (height, width),
+            "_normals.npy": (height, width, 3),
+        }
+        if suffix in shapes:
+            assert array.shape == shapes[suffix]
+        elif suffix == "_cls.npy":
+            assert array.ndim == 1 and array.size > 0
+        else:
+            assert suffix == "_patches.npy" and array.ndim == 3 and array.shape[1:] != (0, 0)
+        assert np.isfinite(array).all()
+
+
+@pytest.mark.parametrize("index, task", list(enumerate(TASKS)))
+def test_every_task_endpoint_returns_full_size_pictures_and_its_files(client, index, task):
+    photo = PHOTOS[index % len(PHOTOS)]
+    entry = TASKS[task]
+    outputs = client.predict(handle_file(str(photo)), api_name=f"/{task}")
+    count = len(entry.picture_titles)
+    pictures, (summary, timing, files) = outputs[:count], outputs[count : count + 3]
+    for title, picture in zip(entry.picture_titles, pictures, strict=True):
+        with Image.open(picture) as image:
+            assert image.format == "PNG" and image.mode == "RGB"
+            if title not in FREE_SIZE_PICTURES:
+                assert image.size == photo_size(photo), title
+    assert isinstance(summary, str)
+    assert timing.endswith("cpu · fp32") and "model" in timing.lower()
+    stem = photo.stem
+    assert sorted(Path(path).name.removeprefix(stem) for path in files) == EXPORTS[task]
+    for path in files:
+        check_export(path, stem, photo_size(photo))
+    if "ply" in entry.export_kinds:
+        assert outputs[-1].endswith(".ply") and len(outputs) == count + 4
+    else:
+        assert len(outputs) == count + 3
+
+
+def test_all_tasks_endpoint_puts_the_five_pictures_side_by_side(client):
+    photo = PHOTOS[0]
+    width, height = photo_size(photo)
+    picture, summary, timing, files = client.predict(handle_file(str(photo)), api_name="/all")
+    with Image.open(picture) as image:
+        assert image.format == "PNG"
+        assert image.height > height and image.width > 4 * width  # five tiles under a title bar
+    for name in ("pose", "segment", "normals", "depth", "matting"):
+        assert f"**{TASKS[name].title}**" in summary
+        assert TASKS[name].title in timing
+    names = {Path(path).name for path in files}
+    assert {
+        f"{photo.stem}{suffix}" for name in EXPORTS if name != "features" for suffix in EXPORTS[name]
+    } == names
+
+
+def test_endpoints_have_stable_names_and_only_the_image_is_required(client):
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert set(endpoints) == {f"/{name}" for name in TASKS} | {"/all"}
+    for name, info in endpoints.items():
+        first, *rest = info["parameters"]
+        assert first["parameter_name"] == "image" and not first["parameter_has_default"], name
+        assert rest and all(parameter["parameter_has_default"] for parameter in rest), name
+    pose = [parameter["parameter_name"] for parameter in endpoints["/pose"]["parameters"]]
+    assert pose == ["image", "size", *(option.name for option in TASKS["pose"].options)]
+
+
+def test_options_are_taken_by_name(client):
+    photo = handle_file(str(PHOTOS[1]))
+    outputs = client.predict(photo, background_color="#ff0000", api_name="/matting")
+    with Image.open(outputs[2]) as composite, Image.open(outputs[0]) as alpha:
+        transparent = np.asarray(alpha.convert("L")) < 8
+        pixels = np.asarray(composite.convert("RGB"))[transparent]
+    if len(pixels):
+        assert (pixels == [255, 0, 0]).all()
+    with pytest.raises(AppError, match="threshold"):
+        client.predict(photo, threshold=7.0, api_name="/pose")
+
+
+def test_two_requests_load_a_model_once_and_tasks_share_the_body_part_model(server, client):
+    cache = server.runtime.cache
+    photo = handle_file(str(PHOTOS[0]))
+    segment, normals = "facebook/sapiens2-seg-0.8b", "facebook/sapiens2-normal-0.8b"
+    assert segment not in cache and normals not in cache
+    loads = cache.stats.loads
+    client.predict(photo, size="0.8b", api_name="/segment")
+    assert cache.stats.loads == loads + 1 and segment in cache
+    hits = cache.stats.hits
+    client.predict(photo, size="0.8b", api_name="/segment")
+    assert cache.stats.loads == loads + 1 and cache.stats.hits > hits
+    hits = cache.stats.hits
+    client.predict(photo, size="0.8b", api_name="/normals")  # masks the background with the same seg model
+    assert cache.stats.loads == loads + 2 and normals in cache and cache.stats.hits > hits
+
+
+def test_a_budget_of_one_model_evicts_the_older_one(tiny_mirror, tmp_path):
+    pose, segment = "facebook/sapiens2-pose-0.4b", "facebook/sapiens2-seg-0.4b"
+    sizes = [model_bytes(hub.from_pretrained(tiny_mirror / repo, device="cpu")) for repo in (pose, segment)]
+    cache = ModelCache(
+        hub.from_pretrained, device=torch.device("cpu"), dtype=torch.float32, budget_bytes=max(sizes)
+    )
+    detector = tiny_detector(tmp_path)
+    with running_app(tiny_mirror, detector, tmp_path / "scratch", cache=cache) as server:
+        client = server.client()
+        client.predict(handle_file(str(PHOTOS[0])), api_name="/pose")
+        assert cache.cached_ids() == [pose]
+        client.predict(handle_file(str(PHOTOS[0])), api_name="/segment")
+        assert cache.cached_ids() == [segment]
+        assert cache.stats.evictions == [pose]
+
+
+def test_offline_with_nothing_cached_names_the_repo_and_the_folder_then_serves_again(
+    server, client, tmp_path
+):
+    photo = handle_file(str(PHOTOS[1]))
+    repo = "facebook/sapiens2-pose-1b"
+    with environment(SAPIENS2_CHECKPOINT_DIR=str(tmp_path / "empty"), HF_HUB_CACHE=str(tmp_path / "hub")):
+        with pytest.raises(AppError) as caught:
+            client.predict(photo, size="1b", api_name="/pose")
+    message = str(caught.value)
+    assert repo in message and "SAPIENS2_CHECKPOINT_DIR" in message
+    assert "Traceback" not in message
+    assert repo not in server.runtime.cache
+    outputs = client.predict(photo, size="1b", api_name="/pose")
+    assert json.loads(Path(outputs[3][0]).read_text())["model"] == repo
+
+
+def test_bad_uploads_get_a_sentence_and_the_server_keeps_serving(client, tmp_path):
+    fake = tmp_path / "holiday.jpg"
+    fake.write_text("this is not a photo")
+    with pytest.raises(AppError, match="not an image in a supported format"):
+        client.predict(handle_file(str(fake)), api_name="/segment")
+    tiny = tmp_path / "tiny.png"
+    Image.new("RGB", (4, 4)).save(tiny)
+    with pytest.raises(AppError, match="too small"):
+        client.predict(handle_file(str(tiny)), api_name="/pose")
+    with pytest.raises(AppError, match="No image was given"):
+        client.predict(None, api_name="/depth")
+    outputs = client.predict(handle_file(str(PHOTOS[0])), api_name="/segment")
+    assert Path(outputs[0]).is_file()
+
+
+def test_download_folders_stay_bounded(server, client):
+    assert len(server.scratch.folders()) <= server.scratch.keep
+    before = server.scratch.folders()
+    client.predict(handle_file(str(PHOTOS[0])), api_name="/features")
+    after = server.scratch.folders()
+    assert len(after) == min(len(before) + 1, server.scratch.keep)
+
+
+def test_command_line_defaults_to_this_machine_only(monkeypatch):
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
+    args = app.parse_args([])
+    assert (args.host, args.port, args.share) == ("127.0.0.1", 7860, False)
+    assert args.device is args.dtype is args.checkpoint_dir is args.detector is None
+    args = app.parse_args(
+        ["--device", "cpu", "--dtype", "fp32", "--host", "0.0.0.0", "--port", "8000", "--share"]
+    )
+    assert (args.device, args.dtype, args.host, args.port, args.share) == (
+        "cpu",
+        "fp32",
+        "0.0.0.0",
+        8000,
+        True,
+    )
