@@ -119,21 +119,21 @@ def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace) -> None:
     gr.Markdown(f"### {task.title}\n{task.description}")
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
-            image = _photo_input()
+            image = _photo_input(f"{task.name}-photo")
             size = gr.Dropdown(list(task.repos), value=task.default_size, label="Model size")
             note = gr.Markdown(_download_note(runtime, task.name, task.default_size))
             controls = {}
             if task.options:
                 with gr.Accordion("Options", open=True):
                     controls = {option.name: _control(option) for option in task.options}
-            button = gr.Button(f"Run {task.title.lower()}", variant="primary")
+            button = gr.Button(f"Run {task.title.lower()}", variant="primary", elem_id=f"{task.name}-run")
             gr.Examples(EXAMPLES, inputs=[image], label="Example photos", cache_examples=False)
         with gr.Column(scale=3):
-            pictures = _picture_outputs(task.picture_titles)
+            pictures = _picture_outputs(task.picture_titles, f"{task.name}-picture")
             summary = gr.Markdown()
             timing = gr.Markdown(elem_classes="studio-timing")
             cloud = gr.Model3D(label="Point cloud", height=420) if "ply" in task.export_kinds else None
-            files = gr.File(label="Downloads", file_count="multiple", interactive=False)
+            files = gr.File(label="Downloads", file_count="multiple", interactive=False, height=200)
     outputs = [*pictures, summary, timing, files, *([cloud] if cloud else [])]
     event = button.click(
         _task_handler(task, runtime, scratch),
@@ -156,20 +156,22 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
     sizes = list(dict.fromkeys(size for name in ALL_TASKS for size in TASKS[name].repos))
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
-            image = _photo_input()
+            image = _photo_input("all-photo")
             size = gr.Dropdown(
                 sizes,
                 value=sizes[0],
                 label="Model size",
                 info="Tasks without this size use their own default.",
             )
-            button = gr.Button("Run all tasks", variant="primary")
+            button = gr.Button("Run all tasks", variant="primary", elem_id="all-run")
             gr.Examples(EXAMPLES, inputs=[image], label="Example photos", cache_examples=False)
         with gr.Column(scale=4):
-            picture = gr.Image(label="All tasks", format="png", height=420, interactive=False)
+            picture = gr.Image(
+                label="All tasks", format="png", height=420, interactive=False, elem_id="all-picture"
+            )
             summary = gr.Markdown()
             timing = gr.Markdown(elem_classes="studio-timing")
-            files = gr.File(label="Downloads", file_count="multiple", interactive=False)
+            files = gr.File(label="Downloads", file_count="multiple", interactive=False, height=200)
 
     def run_all(image: Any, size: str = sizes[0], progress: gr.Progress = PROGRESS) -> list:
         path, stem = _upload(image)
@@ -200,6 +202,7 @@ def _live_tab(runtime: Runtime) -> None:
     gr.Markdown(
         "### Live webcam\nEvery frame goes through the chosen task with its smallest model. " + LICENCE,
         elem_classes="studio-note",
+        elem_id="live-note",
     )
     choice = gr.Radio([(task.title, task.name) for task in TASKS.values()], value="pose", label="Task")
     with gr.Row():
@@ -233,9 +236,14 @@ def _live_tab(runtime: Runtime) -> None:
 # ---- components --------------------------------------------------------------------------------------------
 
 
-def _photo_input() -> gr.Image:
+def _photo_input(elem_id: str) -> gr.Image:
     return gr.Image(
-        label="Photo", type="filepath", sources=["upload", "clipboard", "webcam"], image_mode=None, height=360
+        label="Photo",
+        type="filepath",
+        sources=["upload", "clipboard", "webcam"],
+        image_mode=None,
+        height=360,
+        elem_id=elem_id,
     )
 
 
@@ -258,9 +266,9 @@ def _control(option) -> gr.components.Component:
     return gr.Image(label=option.label, type="filepath", sources=["upload", "clipboard"], height=160)
 
 
-def _picture_outputs(titles: Sequence[str]) -> list[gr.Image]:
-    """The first picture large, the others side by side under it."""
-    main = gr.Image(label=titles[0], format="png", height=520, interactive=False)
+def _picture_outputs(titles: Sequence[str], elem_id: str) -> list[gr.Image]:
+    """The first picture large (with `elem_id`), the others side by side under it."""
+    main = gr.Image(label=titles[0], format="png", height=520, interactive=False, elem_id=elem_id)
     if len(titles) == 1:
         return [main]
     with gr.Row():
