@@ -69,32 +69,81 @@ def heatmap_maxima(heatmaps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where((scores > 0).unsqueeze(-1), cells, torch.full_like(cells, -1.0)), scores
 
 
-def refine_dark_udp(
-    cells: torch.Tensor, heatmaps: torch.Tensor, kernel_size: int = DARK_KERNEL_SIZE
-) -> torch.Tensor:
-    """Sub-pixel keypoints (N, K, 2): one Newton step on the blurred log-heatmap around each arg-max cell."""
+def _blur_around(maps: torch.Tensor, cells: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """Blurred values (M, 3, 3) of maps (M, H, W), zeros outside, at the 3x3 cells around `cells` (M, 2)
+    x, y, clamped to the map like replicate padding; only 3x3 windows of the kernel's size are read."""
+    count, height, width = maps.shape
+    taps = torch.arange(len(kernel), device=maps.device) - len(kernel) // 2
+    around = torch.arange(-1, 2, device=maps.device)
+    rows = (cells[:, 1, None].long() + around).clamp(0, height - 1)[:, :, None] + taps  # (M, 3, taps)
+    columns = (cells[:, 0, None].long() + around).clamp(0, width - 1)[:, :, None] + taps
+    inside_rows, inside_columns = (rows >= 0) & (rows < height), (columns >= 0) & (columns < width)
+    inside = inside_rows[..., None, None] & inside_columns[:, None, None]
+    index = rows.clamp(0, height - 1)[..., None, None] * width + columns.clamp(0, width - 1)[:, None, None]
+    windows = maps.reshape(count, -1).gather(1, index.reshape(count, -1)).view(index.shape) * inside
+    return torch.einsum("maibj,i,j->mab", windows, kernel, kernel)
+
+
+def _log_blur_around(maps: torch.Tensor, cells: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """The clamped log of the max-preserving blur (M, 3, 3) at the 3x3 cells around each arg-max cell."""
+    kernel = _gaussian_kernel(kernel_size, maps.dtype, maps.device)
+    blurred = _blur_around(maps, cells, kernel)
+    # A blur with zeros outside never exceeds the peak, so the rescale factor peak / max(blur) lies in
+    # [1, peak / max(these values)]. When no factor in that range can bring a value to a clamp bound, the
+    # factor adds one constant to the logs and cancels out of the differences that the Newton step takes.
+    peaks = maps.amax(dim=(1, 2))
+    margin = 1 + 1e-4
+    free = (blurred.amin(dim=(1, 2)) >= _LOG_MIN * margin) & (peaks * margin <= _LOG_MAX)
+    logs = blurred.clamp_min(_LOG_MIN).log()
+    if not free.all():
+        bound = (~free).nonzero().squeeze(1)
+        full = blur_heatmaps(maps[bound].unsqueeze(1), kernel_size)[:, 0].clamp(_LOG_MIN, _LOG_MAX).log()
+        reads = torch.ones(1, dtype=maps.dtype, device=maps.device)  # a one-tap "blur" reads the cells
+        logs[bound] = _blur_around(full, cells[bound], reads)
+    return logs
+
+
+def _log_blur_flat(cells: torch.Tensor, heatmaps: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """`_log_blur_around` read like the official code: flat indices into the replicate-padded maps, where a
+    cell of -1 reads the padding and, one step further, the end of the previous map."""
     n, k, height, width = heatmaps.shape
     logs = blur_heatmaps(heatmaps, kernel_size).clamp(_LOG_MIN, _LOG_MAX).log()
     flat = F.pad(logs, (1, 1, 1, 1), mode="replicate").flatten()
     row = width + 2
-    # Flat indices into the padded maps, as in the official code (cells of -1 read the padding).
     maps_index = torch.arange(n * k, device=heatmaps.device).view(n, k) * ((height + 2) * row)
     center = maps_index + cells[..., 0].long() + 1 + (cells[..., 1].long() + 1) * row
+    around = torch.arange(-1, 2, device=heatmaps.device)
+    return flat[center[..., None, None] + around[:, None] * row + around].reshape(n * k, 3, 3)
 
-    def at(dx: int, dy: int) -> torch.Tensor:
-        return flat[center + dx + dy * row]
 
-    middle, left, right, up, down = at(0, 0), at(-1, 0), at(1, 0), at(0, -1), at(0, 1)
+def _newton_step(logs: torch.Tensor) -> torch.Tensor:
+    """Offsets (..., 2) x, y from the centre of 3x3 log values (..., 3, 3) to the quadratic's extremum."""
+    middle, up, down = logs[..., 1, 1], logs[..., 0, 1], logs[..., 2, 1]
+    left, right = logs[..., 1, 0], logs[..., 1, 2]
     gradient_x = 0.5 * (right - left)
     gradient_y = 0.5 * (down - up)
     eps = torch.finfo(logs.dtype).eps
     hessian_xx = right - 2 * middle + left + eps
     hessian_yy = down - 2 * middle + up + eps
-    hessian_xy = 0.5 * (at(1, 1) - right - down + middle + middle - left - up + at(-1, -1))
+    hessian_xy = 0.5 * (logs[..., 2, 2] - right - down + middle + middle - left - up + logs[..., 0, 0])
     determinant = hessian_xx * hessian_yy - hessian_xy * hessian_xy
     step_x = (hessian_yy * gradient_x - hessian_xy * gradient_y) / determinant
     step_y = (hessian_xx * gradient_y - hessian_xy * gradient_x) / determinant
-    return cells - torch.stack([step_x, step_y], dim=-1)
+    return torch.stack([step_x, step_y], dim=-1)
+
+
+def refine_dark_udp(
+    cells: torch.Tensor, heatmaps: torch.Tensor, kernel_size: int = DARK_KERNEL_SIZE
+) -> torch.Tensor:
+    """Sub-pixel keypoints (N, K, 2): one Newton step on the blurred log-heatmap around each arg-max cell."""
+    if kernel_size % 2 == 0 or kernel_size <= 1:
+        raise ValueError(f"kernel_size must be an odd integer above 1, got {kernel_size}")
+    n, k, height, width = heatmaps.shape
+    if (cells < 0).any():  # a map with no positive value: rare, and read across maps by the official code
+        logs = _log_blur_flat(cells, heatmaps, kernel_size)
+    else:
+        logs = _log_blur_around(heatmaps.reshape(n * k, height, width), cells.reshape(n * k, 2), kernel_size)
+    return cells - _newton_step(logs.view(n, k, 3, 3))
 
 
 def heatmap_to_image(

@@ -1,8 +1,9 @@
 """Post-processing against transformers' Sapiens2ImageProcessor.post_process_* on random model outputs.
 
-Tolerances: pose keypoints 1e-3 px and scores 1e-5; dense maps 1e-5 (normals, mattes) or 1e-5 relative
-(pointmaps); segmentation labels equal except at float32 ties (top-2 logits within 1e-5); composites
-equal, or within one uint8 step where a 1x1 colour tensor is interpolated by the reference.
+Tolerances: pose keypoints 1e-3 px (0.05 px for maps with no positive value) and scores 1e-5; dense
+maps 1e-5 (normals, mattes) or 1e-5 relative (pointmaps); segmentation labels equal except at float32
+ties (top-2 logits within 1e-5); composites equal, or within one uint8 step where the reference
+interpolates a 1x1 colour tensor.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sapiens2.postprocess import (
 from sapiens2.processing import ProcessorSettings
 
 KEYPOINT_TOLERANCE = 1e-3
+UNDEFINED_TOLERANCE = 0.05  # keypoints of maps with no positive value (score <= 0)
 SCORE_TOLERANCE = 1e-5
 MAP_TOLERANCE = 1e-5
 TIE = 1e-5
@@ -92,8 +94,7 @@ def test_segmentation_of_smooth_logits_at_large_upscale(classes: int) -> None:
 
 
 def _heatmaps(persons: int, keypoints: int, height: int, width: int, seed: int) -> torch.Tensor:
-    """Gaussian peaks (sigma 2 cells) at sub-cell positions with noise; keypoint 0 of person 0 is all
-    negative (no detection: the reference decodes it from cell -1)."""
+    """Gaussian peaks (sigma 2 cells, heights 0.2 to 1) at sub-cell positions, with noise."""
     generator = torch.Generator().manual_seed(seed)
     centers = (
         torch.rand(persons, keypoints, 2, generator=generator) * torch.tensor([width - 5, height - 5]) + 2
@@ -102,11 +103,8 @@ def _heatmaps(persons: int, keypoints: int, height: int, width: int, seed: int) 
     ys = torch.arange(height).view(1, 1, -1, 1)
     xs = torch.arange(width).view(1, 1, 1, -1)
     distance = (xs - centers[..., 0, None, None]) ** 2 + (ys - centers[..., 1, None, None]) ** 2
-    heatmaps = peaks * torch.exp(-distance / 8) + 0.01 * torch.randn(
-        persons, keypoints, height, width, generator=generator
-    )
-    heatmaps[0, 0] = -heatmaps[0, 0].abs() - 0.1
-    return heatmaps
+    noise = 0.01 * torch.randn(persons, keypoints, height, width, generator=generator)
+    return peaks * torch.exp(-distance / 8) + noise
 
 
 IMAGE_BOXES = [[[10.0, 20.0, 150.5, 300.25], [200.0, 5.0, 80.0, 60.0]], [[-30.0, 40.0, 400.0, 90.0]]]
@@ -117,8 +115,12 @@ def _assert_persons_match(ours: list, reference: list[list[dict]]) -> None:
     assert len(ours) == len(flat)
     for person, expected in zip(ours, flat, strict=True):
         assert torch.equal(person.labels, expected["labels"])
-        torch.testing.assert_close(person.keypoints, expected["keypoints"], rtol=0, atol=KEYPOINT_TOLERANCE)
         torch.testing.assert_close(person.scores, expected["scores"], rtol=0, atol=SCORE_TOLERANCE)
+        # A map with no positive value has no keypoint: both decode it from the flat cells -1 and 0 with
+        # a near-singular Hessian, so rounding is amplified there and only a looser match is asked.
+        found = expected["scores"] > 0
+        error = (person.keypoints - expected["keypoints"]).abs().amax(dim=-1)
+        assert (error[found] <= KEYPOINT_TOLERANCE).all() and (error[~found] <= UNDEFINED_TOLERANCE).all()
         assert torch.equal(person.box_xyxy, expected["bbox"])
 
 
@@ -149,6 +151,29 @@ def test_pose_at_default_size_matches_reference() -> None:
         SimpleNamespace(heatmaps=heatmaps), boxes=[boxes]
     )
     _assert_persons_match(decode_pose(heatmaps, np.array(boxes)), reference)
+
+
+@pytest.mark.parametrize("kind", ["no-positive-value", "weak", "strong", "at-the-edge"])
+def test_pose_of_unusual_heatmaps_matches_reference(kind: str) -> None:
+    """Maps where the blur's rescaling or the border matters: no positive value (the reference decodes
+    from cell -1 and reads the previous map), peaks near the 1e-3 log clamp or above the 50 one, peaks on
+    the first and last cells."""
+    heatmaps = _heatmaps(3, 6, 32, 24, seed=8)
+    if kind == "no-positive-value":
+        heatmaps[0, 0] = -heatmaps[0, 0].abs() - 0.1
+        heatmaps[1, 3] = -heatmaps[1, 3].abs() - 0.1
+    elif kind == "weak":
+        heatmaps[:, :3] = heatmaps[:, :3].clamp_min(0) * 2e-3
+    elif kind == "strong":
+        heatmaps[:, 2:] *= 80
+    else:
+        heatmaps[:, :, 0, 0] = 5.0
+        heatmaps[:, 3:, -1, -1] = 6.0
+    boxes = [box for image in IMAGE_BOXES for box in image]
+    reference = _reference((128, 96)).post_process_pose_estimation(
+        SimpleNamespace(heatmaps=heatmaps), boxes=IMAGE_BOXES
+    )
+    _assert_persons_match(decode_pose(heatmaps, boxes, (128, 96)), reference)
 
 
 def test_decode_keypoints_shapes_and_flip_average() -> None:
