@@ -110,11 +110,12 @@ class Runtime:
         image: Any,
         *,
         size: str | None = None,
+        model: str | None = None,
         progress: Progress | None = None,
         **options: Any,
     ) -> TaskResult:
         """Run `task` on one photo (a LoadedImage or anything `load_image` reads)."""
-        return self.run_batch(task, [image], size=size, progress=progress, **options)[0]
+        return self.run_batch(task, [image], size=size, model=model, progress=progress, **options)[0]
 
     def run_batch(
         self,
@@ -122,13 +123,17 @@ class Runtime:
         images: Sequence[Any],
         *,
         size: str | None = None,
+        model: str | None = None,
         progress: Progress | None = None,
         **options: Any,
     ) -> list[TaskResult]:
-        """Run `task` on several photos, batching them through the model."""
+        """Run `task` on several photos, batching them through the model.
+
+        `model` (a repo id, checkpoint folder or file) replaces the registry's checkpoint for `size`.
+        """
         entry = get_task(task)
         loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
-        repo_id = entry.repo_id(size)
+        repo_id = model or entry.repo_id(size)
         values = entry.coerce_options(options)
         results = entry.run(self, loaded, repo_id, values, progress)
         for image, result in zip(loaded, results, strict=True):
