@@ -96,7 +96,8 @@ def from_pretrained(
     """Load a Sapiens2 model in eval mode from a Hub repo id, a directory or an original .safetensors file.
 
     Defaults: CUDA when available, in bfloat16; else CPU in float32. `progress(fraction, text)` is called
-    while files download and while weights load, each stage running its fraction from 0 to 1.
+    while files download and while weights load, each stage running its fraction from 0 to 1. On the CPU,
+    weights already stored in the requested dtype stay memory-mapped: do not rewrite the file while in use.
     """
     target = resolve_device(str(device) if device is not None else None)
     dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, target)
