@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch.nn.functional as F
 
 from ..export import write_normals
 from ..images import LoadedImage
@@ -37,7 +38,10 @@ def run(
         post = Timings()
         with post.measure("post"):
             normals = rows(outputs, index)["normals"]
-            unit = to_hwc(normals_to_image(normals, size, settings, image.original_size)[0])
+            # The reference normalizes before resizing, so interpolated pixels fall short of unit length;
+            # normalizing again keeps its directions and makes every exported normal a unit vector.
+            resized = normals_to_image(normals, size, settings, image.original_size)
+            unit = to_hwc(F.normalize(resized, dim=1)[0])
             picture = normals_picture(unit, mask)
         results.append(
             TaskResult(

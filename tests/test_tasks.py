@@ -1,0 +1,169 @@
+"""Every registered task end to end on the example photos with tiny checkpoints: pictures and exports."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sapiens2.detector import YoloPersonDetector
+from sapiens2.images import load_image
+from sapiens2.metadata import body_parts
+from sapiens2.pipelines.common import whole_photo_inputs
+from sapiens2.runtime import Runtime
+from sapiens2.tasks import ALL_TASKS, TASKS, get_task
+
+PHOTOS = ("assets/grace_hopper.jpg", "assets/astronaut.png")
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_mirror, person_yolo, monkeypatch_module):
+    monkeypatch_module.setenv("SAPIENS2_CHECKPOINT_DIR", str(tiny_mirror))
+    return Runtime(device="cpu", detector=YoloPersonDetector(person_yolo, max_persons=3))
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture(scope="module")
+def photo():
+    return load_image(PHOTOS[0])
+
+
+@pytest.fixture(scope="module")
+def half_background(runtime, photo):
+    """Shift the tiny body-part model's background logit so that about half the photo is background."""
+    repo_id = get_task("segment").repo_id(None)
+    model = runtime.model(repo_id)
+    inputs = whole_photo_inputs([photo], runtime.settings(repo_id, "seg"))
+    logits = runtime.forward(model, inputs)["logits"][0]
+    margin = logits[1:].amax(dim=0) - logits[0]
+    with torch.no_grad():
+        model.decode_head.conv_seg.bias[0] += margin.median()
+    seg = runtime.run("segment", photo).prediction
+    assert 0.2 < (seg == 0).mean() < 0.8
+    return seg
+
+
+def read_ply(path):
+    data = path.read_bytes()
+    header, _, body = data.partition(b"end_header\n")
+    count = int(next(line for line in header.split(b"\n") if line.startswith(b"element vertex")).split()[-1])
+    vertex = np.dtype(
+        [("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("red", "u1"), ("green", "u1"), ("blue", "u1")]
+    )
+    assert b"format binary_little_endian 1.0" in header
+    return np.frombuffer(body, dtype=vertex, count=count), len(body) == count * vertex.itemsize
+
+
+def test_registry_declares_each_task_once_with_its_sizes():
+    assert list(TASKS) == ["pose", "segment", "normals", "depth", "matting", "features"]
+    assert ALL_TASKS == ("pose", "segment", "normals", "depth", "matting")
+    assert list(get_task("matting").repos) == ["1b"]
+    assert list(get_task("features").repos) == ["0.1b", "0.4b", "0.8b", "1b", "5b"]
+    assert get_task("pose").repo_id("1b") == "facebook/sapiens2-pose-1b"
+    with pytest.raises(ValueError, match="no 0.1b model"):
+        get_task("pose").repo_id("0.1b")
+    with pytest.raises(ValueError, match="no option"):
+        get_task("segment").coerce_options({"colour": 1})
+    with pytest.raises(ValueError, match="between 0.0 and 1.0"):
+        get_task("pose").coerce_options({"threshold": 2})
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_task_pictures_and_exports(runtime, photo, task, tmp_path):
+    result = runtime.run(task, photo)
+    height, width = photo.original_size
+    titles = [title for title, _ in result.pictures]
+    assert titles == list(get_task(task).picture_titles)
+    main = result.pictures[0][1]
+    assert main.shape == (height, width, 3) and main.dtype == np.uint8
+    assert result.timings.model > 0 and result.device == "cpu" and result.dtype == "fp32"
+    files = result.export(tmp_path, "photo")
+    assert files and all(path.is_file() and path.stat().st_size > 0 for path in files)
+    suffixes = {path.suffix.lstrip(".") for path in files}
+    assert suffixes == set(get_task(task).export_kinds)
+
+
+def test_pose_json_has_every_person_and_keypoint(runtime, photo, tmp_path):
+    result = runtime.run("pose", photo, threshold=0.0)
+    document = json.loads(result.export(tmp_path, "photo")[0].read_text())
+    persons = result.prediction.persons
+    assert 1 <= len(persons) <= 3 and len(document["persons"]) == len(persons)
+    for record, person in zip(document["persons"], persons, strict=True):
+        assert len(record["keypoints"]) == 308
+        np.testing.assert_allclose(
+            [k["x"] for k in record["keypoints"]], person["keypoints"][:, 0], atol=0.01
+        )
+    assert document["image"] == {"width": photo.original_size[1], "height": photo.original_size[0]}
+
+
+def test_flip_test_changes_keypoints_but_not_their_count(runtime, photo):
+    plain = runtime.run("pose", photo).prediction.persons
+    flipped = runtime.run("pose", photo, flip_test=True).prediction.persons
+    assert len(plain) == len(flipped)
+    assert not np.allclose(plain[0]["keypoints"], flipped[0]["keypoints"])
+
+
+def test_segmentation_export_matches_prediction(runtime, photo, tmp_path):
+    result = runtime.run("segment", photo, opacity=1.0)
+    png, npy = result.export(tmp_path, "photo")
+    seg = result.prediction
+    np.testing.assert_array_equal(np.asarray(Image.open(png)), seg)
+    np.testing.assert_array_equal(np.load(npy), seg)
+    palette = np.asarray(body_parts().palette, np.uint8)
+    np.testing.assert_array_equal(result.pictures[0][1], palette[seg])
+
+
+def test_normals_background_is_black_where_body_parts_say(runtime, photo, half_background):
+    seg = half_background
+    result = runtime.run("normals", photo)
+    picture = result.pictures[0][1]
+    assert (picture[seg == 0] == 0).all()
+    unit = result.prediction
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=2), 1.0, atol=1e-3)
+    kept = runtime.run("normals", photo, remove_background=False).pictures[0][1]
+    assert (kept[seg == 0] != 0).any()
+
+
+def test_depth_point_cloud_holds_the_foreground(runtime, photo, tmp_path, half_background):
+    seg = half_background
+    result = runtime.run("depth", photo)
+    depth_npy, ply = result.export(tmp_path, "photo")
+    vertices, exact = read_ply(ply)
+    assert exact and len(vertices) == int((seg != 0).sum())
+    np.testing.assert_allclose(np.load(depth_npy), result.prediction[..., 2])
+    foreground = np.flatnonzero((seg != 0).ravel())
+    np.testing.assert_array_equal(vertices["red"], photo.rgb.reshape(-1, 3)[foreground, 0])
+
+
+def test_matting_composite_over_an_uploaded_background(runtime, photo):
+    background = np.zeros((40, 40, 3), np.uint8)
+    background[..., 2] = 255
+    result = runtime.run("matting", photo, background_image=background)
+    alpha = result.prediction
+    composite = result.pictures[2][1].astype(int)
+    assert composite.shape == photo.rgb.shape
+    transparent = alpha < 0.02
+    if transparent.any():
+        assert composite[transparent][:, 2].min() >= 240
+
+
+def test_all_tasks_share_the_body_part_model(runtime, photo):
+    loads_before = runtime.cache.stats.loads
+    results = runtime.run_all(photo)
+    assert [r.task for r in results] == list(ALL_TASKS)
+    assert runtime.cache.stats.loads - loads_before <= len(ALL_TASKS)
+    assert "facebook/sapiens2-seg-0.4b" in runtime.cache
+
+
+def test_twelve_megapixel_photo_through_every_task(runtime, tmp_path):
+    big = np.asarray(Image.open(PHOTOS[1]).convert("RGB").resize((4000, 3000), Image.BILINEAR))
+    image = load_image(big)
+    for task in TASKS:
+        result = runtime.run(task, image)
+        assert result.pictures[0][1].shape == (3000, 4000, 3)
