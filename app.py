@@ -208,7 +208,7 @@ def _live_tab(runtime: Runtime) -> None:
     with gr.Row():
         camera = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Webcam")
         shown = gr.Image(label="Result", format="jpeg", interactive=False)
-    rate = gr.Markdown()
+    rate = gr.Markdown(elem_id="live-rate")
     recent = gr.State([])
 
     def on_frame(frame: Any, task: str, times: list[float]) -> tuple[Any, str, list[float]]:

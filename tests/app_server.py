@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -90,4 +91,15 @@ def running_app(
         try:
             yield Server(f"http://127.0.0.1:{port}/", runtime, demo, scratch)
         finally:
+            wait_until_idle(demo)
             demo.close()
+
+
+def wait_until_idle(demo: gr.Blocks, timeout: float = 120.0) -> None:
+    """Wait for the requests still running (a last webcam frame, say) to end before the server stops.
+
+    A request cut off by the end of the test process can abort the interpreter from inside torch.
+    """
+    deadline = time.monotonic() + timeout
+    while any(job is not None for job in demo._queue.active_jobs) and time.monotonic() < deadline:
+        time.sleep(0.1)

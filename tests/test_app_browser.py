@@ -9,6 +9,8 @@ from app_server import PHOTOS, running_app, tiny_detector
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
+# A synthetic camera (a moving test pattern) that needs no permission prompt.
+FAKE_CAMERA_ARGS = ["--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
 RESULT_TIMEOUT_MS = 180_000
 ERROR_TOASTS = ".toast-body.error"
 
@@ -32,18 +34,21 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS + FAKE_CAMERA_ARGS
+        )
         yield chromium
         chromium.close()
 
 
 @pytest.fixture
 def page(browser, server):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, permissions=["camera"])
+    page = context.new_page()
     page.goto(server.url)
     page.get_by_role("heading", name="Sapiens2 Studio").wait_for()
     yield page
-    page.close()
+    context.close()
 
 
 def run_in_tab(page, tab: str, task: str, photo: Path) -> None:
@@ -92,3 +97,14 @@ def test_every_tab_and_the_licence_note_are_shown(page):
     note.wait_for()
     assert "may not be used for surveillance" in note.inner_text()
     assert "track people without their consent" in note.inner_text()
+
+
+def test_live_webcam_streams_frames_through_pose_and_shows_the_frame_rate(page, tmp_path):
+    page.get_by_role("tab", name="Live webcam", exact=True).click()
+    page.get_by_text("Click to Access Webcam").click()
+    page.get_by_role("button", name="capture photo").click()  # starts streaming
+    page.locator("#live-rate").get_by_text("frames per second").wait_for(timeout=RESULT_TIMEOUT_MS)
+    assert "facebook/sapiens2-pose-0.4b" in page.locator("#live-rate").inner_text()
+    page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
+    page.get_by_role("button", name="capture photo").click()  # stops streaming
+    assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
