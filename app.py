@@ -7,6 +7,7 @@ answered by `sapiens2.runtime.Runtime`, which holds the device, the model cache 
 from __future__ import annotations
 
 import argparse
+import atexit
 import inspect
 import logging
 import os
@@ -417,7 +418,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         runtime = Runtime(device=args.device, dtype=args.dtype, detector=args.detector)
     except Exception as error:
         sys.exit(describe_error(error))
-    launch(build_app(runtime), host=args.host, port=args.port, share=args.share)
+    scratch = ScratchSpace()
+    atexit.register(scratch.remove)
+    launch(build_app(runtime, scratch), host=args.host, port=args.port, share=args.share)
 
 
 if __name__ == "__main__":
