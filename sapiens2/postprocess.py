@@ -37,61 +37,106 @@ def _linear_taps(in_size: int, out_size: int, device: torch.device) -> tuple[tor
     return first.to(device), second.to(device), (1 - weight).to(device), weight.to(device)
 
 
-def _pixel_blocks(cells: torch.Tensor, first: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Start and length of the run of output pixels whose first source tap is each of `cells`."""
-    lengths = torch.bincount(first, minlength=size)
-    starts = torch.cumsum(lengths, 0) - lengths
-    return starts[cells], lengths[cells]
-
-
 def _class_index(values: torch.Tensor, dim: int) -> torch.Tensor:
     """Arg-max along `dim`, first index on ties like argmax (max's indices are several times faster)."""
     return values.max(dim=dim).indices
 
 
+def _mixed_cells(labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(batch, row, column) of the cells (i, j) whose label differs from one at (i, j+1), (i+1, j) or
+    (i+1, j+1), clamped to the map: the 2x2 sources of a bilinear resize that disagree."""
+    right = torch.cat([labels[:, :, 1:], labels[:, :, -1:]], dim=2)
+    down = torch.cat([labels[:, 1:], labels[:, -1:]], dim=1)
+    down_right = torch.cat([down[:, :, 1:], down[:, :, -1:]], dim=2)
+    return ((labels != right) | (labels != down) | (labels != down_right)).nonzero(as_tuple=True)
+
+
+def _cell_pixels(cells: torch.Tensor, first: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Start and length of the run of output pixels along one axis whose first source tap is each cell."""
+    lengths = torch.bincount(first, minlength=size)
+    starts = torch.cumsum(lengths, 0) - lengths
+    return starts[cells], lengths[cells]
+
+
+def _candidate_leads(
+    values: torch.Tensor, corners: torch.Tensor, corner_labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, corner i, candidate j): how far corner j's label leads every other class at corner i (negative
+    where another class is ahead), for K cells with corners (K, 4) as flat indices into values (C, N);
+    and the largest magnitude (K,) among each cell's values."""
+    wide = torch.promote_types(values.dtype, torch.float32)
+    corner_values = values[:, corners].permute(1, 2, 0).to(wide)  # (K, 4, C)
+    best_two = corner_values.topk(2, dim=-1).values
+    own = corner_values.gather(2, corner_labels.unsqueeze(1).expand(-1, 4, -1))
+    is_top = corner_labels.unsqueeze(2) == corner_labels.unsqueeze(1)
+    leads = own - torch.where(is_top, best_two[..., 1:], best_two[..., :1])
+    return leads, corner_values.abs().amax(dim=(1, 2))
+
+
 def segmentation_labels(logits: torch.Tensor, size: Size | None = None) -> torch.Tensor:
     """Class index maps (B, H, W) int64: arg-max over classes of the logits (B, C, h, w) resized to `size`.
 
-    Equal to `segmentation_scores(logits, size).argmax(1)` without resizing every class: where the 2x2
-    source cells under an output pixel share one arg-max, any convex mix of them has that arg-max too, so
-    only the output pixels over cells with several labels are interpolated.
+    Equal to `segmentation_scores(logits, size).argmax(1)` without resizing every class. Where the 2x2
+    source cells under an output pixel share one arg-max, any convex mix of them has that arg-max too.
+    Elsewhere, for a candidate class, the weighted sum of its lead at the four corners bounds its lead
+    in the mix from below; a bound clearly above float rounding settles the pixel, and only the pixels
+    left are interpolated over all classes.
     """
     labels = _class_index(logits, dim=1)
     if size is None:
         return labels
     batch, classes, height, width = logits.shape
-    y0, y1, wy0, wy1 = _linear_taps(height, size[0], logits.device)
-    x0, x1, wx0, wx1 = _linear_taps(width, size[1], logits.device)
+    device = logits.device
+    y0, y1, wy0, wy1 = _linear_taps(height, size[0], device)
+    x0, x1, wx0, wx1 = _linear_taps(width, size[1], device)
     small = labels.to(torch.uint8) if classes <= 256 else labels  # an eighth of the bytes to gather
     out = small.index_select(1, y0).index_select(2, x0).long()
-    # A cell (i, j) is mixed when its label differs from those at (i, j+1), (i+1, j), (i+1, j+1), clamped.
-    right = torch.cat([small[:, :, 1:], small[:, :, -1:]], dim=2)
-    down = torch.cat([small[:, 1:], small[:, -1:]], dim=1)
-    down_right = torch.cat([down[:, :, 1:], down[:, :, -1:]], dim=2)
-    mixed_cells = (small != right) | (small != down) | (small != down_right)
-    cell_batch, cell_row, cell_column = mixed_cells.nonzero(as_tuple=True)
-    # Each mixed cell covers a block of output pixels: rows whose y0 is its row, columns whose x0 its column.
-    row_start, row_count = _pixel_blocks(cell_row, y0, height)
-    column_start, column_count = _pixel_blocks(cell_column, x0, width)
-    pixels_per_cell = row_count * column_count
-    cell = torch.repeat_interleave(pixels_per_cell)
-    if len(cell) == 0:
+    cell_batch, cell_row, cell_column = _mixed_cells(small)
+    if len(cell_row) == 0:
         return out
-    first_pixel = torch.cumsum(pixels_per_cell, 0) - pixels_per_cell
-    offset = torch.arange(len(cell), device=logits.device) - first_pixel[cell]
-    row = row_start[cell] + offset // column_count[cell]
-    column = column_start[cell] + offset % column_count[cell]
-    pixel_batch = cell_batch[cell]
+
+    # The mixed cells' corners (i, j), (i, j+1), (i+1, j), (i+1, j+1), clamped, as flat indices.
     values = logits.transpose(0, 1).reshape(classes, -1)  # (C, B * h * w), a view when B == 1
+    top_left = (cell_batch * height + cell_row) * width + cell_column
+    right = (cell_column < width - 1).long().unsqueeze(1) * torch.tensor([0, 1, 0, 1], device=device)
+    below = (cell_row < height - 1).long().unsqueeze(1) * torch.tensor([0, 0, width, width], device=device)
+    corners = top_left.unsqueeze(1) + right + below
+    corner_labels = labels.flatten()[corners]
+    leads, magnitude = _candidate_leads(values, corners, corner_labels)
 
-    def tap(ys: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
-        return values.index_select(1, (pixel_batch * height + ys[row]) * width + xs[column])
+    # Each mixed cell covers a block of output pixels: rows whose y0 is its row, columns whose x0 its
+    # column. Every per-cell quantity is spread to the block's pixels with one gather.
+    row_start, row_count = _cell_pixels(cell_row, y0, height)
+    column_start, column_count = _cell_pixels(cell_column, x0, width)
+    pixels_per_cell = row_count * column_count
+    first_pixel = torch.cumsum(pixels_per_cell, 0) - pixels_per_cell
+    cell = torch.repeat_interleave(pixels_per_cell)
+    if len(cell) == 0:  # a downscale can skip every mixed cell
+        return out
+    counts = torch.stack([row_start, column_start, column_count, first_pixel, cell_batch], dim=1)
+    row_start, column_start, column_count, first_pixel, pixel_batch = counts.index_select(0, cell).unbind(1)
+    block_row = torch.div(
+        torch.arange(len(cell), device=device) - first_pixel, column_count, rounding_mode="floor"
+    )
+    row = row_start + block_row
+    column = column_start + (torch.arange(len(cell), device=device) - first_pixel - block_row * column_count)
+    row_weights = torch.stack([wy0, wy1], dim=1).index_select(0, row)
+    column_weights = torch.stack([wx0, wx1], dim=1).index_select(0, column)
+    weights = (row_weights.unsqueeze(2) * column_weights.unsqueeze(1)).flatten(1)  # (P, 4), corner order
+    # Rounding of the resized logits (to their dtype) and of the bound, with a wide margin.
+    rounding = (torch.finfo(values.dtype).eps + 64 * torch.finfo(torch.float32).eps) * magnitude
+    cell_data = torch.cat([leads.flatten(1), rounding.unsqueeze(1)], dim=1).index_select(0, cell)
+    bound, candidate = torch.einsum("pi,pij->pj", weights, cell_data[:, :16].view(-1, 4, 4)).max(dim=1)
+    flat = (pixel_batch * size[0] + row) * size[1] + column
+    out.view(-1)[flat] = corner_labels.index_select(0, cell).gather(1, candidate.unsqueeze(1)).squeeze(1)
 
-    # Same weights and order of operations as torch's CPU bilinear kernel: along x, then along y.
-    top = tap(y0, x0) * wx0[column] + tap(y0, x1) * wx1[column]
-    bottom = tap(y1, x0) * wx0[column] + tap(y1, x1) * wx1[column]
-    mixed = top * wy0[row] + bottom * wy1[row]
-    out[pixel_batch, row, column] = _class_index(mixed.to(logits.dtype), dim=0)
+    left = (bound <= cell_data[:, 16]).nonzero().squeeze(1)
+    if len(left):
+        tap = [values.index_select(1, corner) for corner in corners.index_select(0, cell[left]).T]
+        (wy0, wy1), (wx0, wx1) = row_weights[left].T, column_weights[left].T
+        # Same weights and order of operations as torch's CPU bilinear kernel: along x, then along y.
+        mixed = (tap[0] * wx0 + tap[1] * wx1) * wy0 + (tap[2] * wx0 + tap[3] * wx1) * wy1
+        out.view(-1)[flat[left]] = _class_index(mixed.to(logits.dtype), dim=0)
     return out
 
 
