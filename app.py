@@ -152,7 +152,8 @@ def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace) -> None:
 
 def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
     """One photo through every picture task, shown side by side; endpoint /all."""
-    titles = ", ".join(TASKS[name].title.lower() for name in ALL_TASKS)
+    *first, last = [TASKS[name].title.lower() for name in ALL_TASKS]
+    titles = f"{', '.join(first)} and {last}"
     gr.Markdown(f"### All tasks\nOne photo through {titles}, reusing the models already loaded.")
     sizes = list(dict.fromkeys(size for name in ALL_TASKS for size in TASKS[name].repos))
     with gr.Row(equal_height=False):
@@ -168,7 +169,7 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
             gr.Examples(EXAMPLES, inputs=[image], label="Example photos", cache_examples=False)
         with gr.Column(scale=4):
             picture = gr.Image(
-                label="All tasks", format="png", height=420, interactive=False, elem_id="all-picture"
+                label="All tasks", show_label=False, format="png", interactive=False, elem_id="all-picture"
             )
             summary = gr.Markdown()
             timing = gr.Markdown(elem_classes="studio-timing")
