@@ -27,14 +27,14 @@ def segmentation_scores(logits: torch.Tensor, size: Size | None = None) -> torch
     return logits if size is None else resize_maps(logits, size)
 
 
-def _linear_taps(in_size: int, out_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Source indices (i0, i1) and weights (w0, w1) of torch's bilinear resize along one axis."""
+def _linear_taps(in_size: int, out_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """First source index (out,) and the weights (out, 2) of it and of the next index (clamped to the last)
+    in torch's bilinear resize along one axis."""
     ratio = torch.tensor(in_size, dtype=torch.float32) / out_size
     source = (ratio * (torch.arange(out_size, dtype=torch.float32) + 0.5) - 0.5).clamp_min(0)
     first = source.long().clamp_max(in_size - 1)
-    second = first + (first < in_size - 1).long()
     weight = (source - first).clamp(0, 1)
-    return first.to(device), second.to(device), (1 - weight).to(device), weight.to(device)
+    return first.to(device), torch.stack([1 - weight, weight], dim=1).to(device)
 
 
 def _class_index(values: torch.Tensor, dim: int) -> torch.Tensor:
@@ -73,6 +73,21 @@ def _candidate_leads(
     return leads, corner_values.abs().amax(dim=(1, 2))
 
 
+def _interpolated_classes(
+    values: torch.Tensor,
+    corners: torch.Tensor,
+    weights_y: torch.Tensor,
+    weights_x: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Arg-max class (P,) of values (C, N) mixed bilinearly from corners (P, 4) with tap weights (P, 2)."""
+    tap = [values.index_select(1, corner) for corner in corners.T]
+    (wy0, wy1), (wx0, wx1) = weights_y.T, weights_x.T
+    # Same weights and order of operations as torch's CPU bilinear kernel: along x, then along y.
+    mixed = (tap[0] * wx0 + tap[1] * wx1) * wy0 + (tap[2] * wx0 + tap[3] * wx1) * wy1
+    return _class_index(mixed.to(dtype), dim=0)
+
+
 def segmentation_labels(logits: torch.Tensor, size: Size | None = None) -> torch.Tensor:
     """Class index maps (B, H, W) int64: arg-max over classes of the logits (B, C, h, w) resized to `size`.
 
@@ -87,8 +102,8 @@ def segmentation_labels(logits: torch.Tensor, size: Size | None = None) -> torch
         return labels
     batch, classes, height, width = logits.shape
     device = logits.device
-    y0, y1, wy0, wy1 = _linear_taps(height, size[0], device)
-    x0, x1, wx0, wx1 = _linear_taps(width, size[1], device)
+    y0, row_taps = _linear_taps(height, size[0], device)
+    x0, column_taps = _linear_taps(width, size[1], device)
     small = labels.to(torch.uint8) if classes <= 256 else labels  # an eighth of the bytes to gather
     out = small.index_select(1, y0).index_select(2, x0).long()
     cell_batch, cell_row, cell_column = _mixed_cells(small)
@@ -104,39 +119,29 @@ def segmentation_labels(logits: torch.Tensor, size: Size | None = None) -> torch
     corner_labels = labels.flatten()[corners]
     leads, magnitude = _candidate_leads(values, corners, corner_labels)
 
-    # Each mixed cell covers a block of output pixels: rows whose y0 is its row, columns whose x0 its
-    # column. Every per-cell quantity is spread to the block's pixels with one gather.
-    row_start, row_count = _cell_pixels(cell_row, y0, height)
-    column_start, column_count = _cell_pixels(cell_column, x0, width)
-    pixels_per_cell = row_count * column_count
-    first_pixel = torch.cumsum(pixels_per_cell, 0) - pixels_per_cell
-    cell = torch.repeat_interleave(pixels_per_cell)
-    if len(cell) == 0:  # a downscale can skip every mixed cell
-        return out
-    counts = torch.stack([row_start, column_start, column_count, first_pixel, cell_batch], dim=1)
-    row_start, column_start, column_count, first_pixel, pixel_batch = counts.index_select(0, cell).unbind(1)
-    block_row = torch.div(
-        torch.arange(len(cell), device=device) - first_pixel, column_count, rounding_mode="floor"
-    )
-    row = row_start + block_row
-    column = column_start + (torch.arange(len(cell), device=device) - first_pixel - block_row * column_count)
-    row_weights = torch.stack([wy0, wy1], dim=1).index_select(0, row)
-    column_weights = torch.stack([wx0, wx1], dim=1).index_select(0, column)
-    weights = (row_weights.unsqueeze(2) * column_weights.unsqueeze(1)).flatten(1)  # (P, 4), corner order
     # Rounding of the resized logits (to their dtype) and of the bound, with a wide margin.
     rounding = (torch.finfo(values.dtype).eps + 64 * torch.finfo(torch.float32).eps) * magnitude
-    cell_data = torch.cat([leads.flatten(1), rounding.unsqueeze(1)], dim=1).index_select(0, cell)
-    bound, candidate = torch.einsum("pi,pij->pj", weights, cell_data[:, :16].view(-1, 4, 4)).max(dim=1)
-    flat = (pixel_batch * size[0] + row) * size[1] + column
-    out.view(-1)[flat] = corner_labels.index_select(0, cell).gather(1, candidate.unsqueeze(1)).squeeze(1)
-
-    left = (bound <= cell_data[:, 16]).nonzero().squeeze(1)
-    if len(left):
-        tap = [values.index_select(1, corner) for corner in corners.index_select(0, cell[left]).T]
-        (wy0, wy1), (wx0, wx1) = row_weights[left].T, column_weights[left].T
-        # Same weights and order of operations as torch's CPU bilinear kernel: along x, then along y.
-        mixed = (tap[0] * wx0 + tap[1] * wx1) * wy0 + (tap[2] * wx0 + tap[3] * wx1) * wy1
-        out.view(-1)[flat[left]] = _class_index(mixed.to(logits.dtype), dim=0)
+    # Each mixed cell covers a block of output pixels: rows whose y0 is its row, columns whose x0 is its
+    # column. Blocks of one shape are handled together.
+    row_start, row_count = _cell_pixels(cell_row, y0, height)
+    column_start, column_count = _cell_pixels(cell_column, x0, width)
+    shapes = torch.stack([row_count, column_count], dim=1).unique(dim=0).tolist()
+    for rows_in_block, columns_in_block in shapes:
+        if rows_in_block == 0 or columns_in_block == 0:  # a downscale skips some cells
+            continue
+        group = ((row_count == rows_in_block) & (column_count == columns_in_block)).nonzero().squeeze(1)
+        rows = row_start[group, None] + torch.arange(rows_in_block, device=device)  # (G, r)
+        columns = column_start[group, None] + torch.arange(columns_in_block, device=device)  # (G, c)
+        weights_y, weights_x = row_taps[rows], column_taps[columns]  # (G, r, 2), (G, c, 2)
+        leads_by_tap = leads[group].view(-1, 2, 2, 4)  # (G, y tap, x tap, candidate)
+        bound, candidate = torch.einsum("gra,gcb,gabj->grcj", weights_y, weights_x, leads_by_tap).max(dim=-1)
+        flat = (cell_batch[group, None, None] * size[0] + rows[:, :, None]) * size[1] + columns[:, None, :]
+        out.view(-1)[flat] = corner_labels[group].gather(1, candidate.flatten(1)).view_as(candidate)
+        g, r, c = (bound <= rounding[group, None, None]).nonzero(as_tuple=True)
+        if len(g):
+            out.view(-1)[flat[g, r, c]] = _interpolated_classes(
+                values, corners[group[g]], weights_y[g, r], weights_x[g, c], logits.dtype
+            )
     return out
 
 
