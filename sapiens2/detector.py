@@ -106,6 +106,20 @@ def _offline() -> bool:
     return os.environ.get("YOLO_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _import_ultralytics() -> None:
+    """Import ultralytics without its process-wide side effects on a server.
+
+    It would pip-install packages at run time (never wanted on a server) and replaces PIL.Image.open with
+    an opener that tries to install pi-heif for any file Pillow cannot identify, which would turn a user's
+    junk upload into an install attempt; the original opener is put back.
+    """
+    os.environ.setdefault("YOLO_AUTOINSTALL", "false")
+    from PIL import Image
+    from ultralytics.utils import patches
+
+    Image.open = patches._image_open
+
+
 class YoloPersonDetector:
     """Ultralytics YOLO restricted to persons, loaded on first use.
 
@@ -132,6 +146,7 @@ class YoloPersonDetector:
         self._lock = threading.Lock()
 
     def _load(self):
+        _import_ultralytics()
         from ultralytics import YOLO
         from ultralytics.utils import SETTINGS
 
