@@ -157,7 +157,10 @@ def normals_to_image(
 ) -> torch.Tensor:
     """Unit surface normals (B, 3, H, W) of a photo of `source_size` (height, width): L2-normalized at
     model resolution, unpadded, then resized to `size` (default: the photo size)."""
-    return _photo_maps(F.normalize(normals, p=2, dim=1, eps=1e-8), source_size, settings, size)
+    # F.normalize's formula; its norm reduction over the 3 channels is ten times slower than this sum
+    # (which rounds within one float32 ulp of it).
+    unit = normals / normals.square().sum(dim=1, keepdim=True).sqrt().clamp_min(1e-8)
+    return _photo_maps(unit, source_size, settings, size)
 
 
 def pointmap_to_image(
@@ -192,12 +195,12 @@ def _to_uint8(values: torch.Tensor) -> torch.Tensor:
 
 
 def _background(background: RGB | np.ndarray | torch.Tensor, size: Size, like: torch.Tensor) -> torch.Tensor:
-    """A background as (1 or B, 3, H, W) floats in [0, 1]: a colour fills, an image is stretched to fit."""
+    """A background in [0, 1]: an image (1 or B, 3, H, W) stretched to fit, or a colour (1, 3, 1, 1)."""
     if isinstance(background, tuple | list):
         if len(background) != 3 or not all(0 <= int(value) <= 255 for value in background):
             raise ValueError(f"background colour must be three values in 0..255, got {background!r}")
         pixels = torch.tensor([int(value) for value in background], dtype=torch.uint8).view(1, 3, 1, 1)
-        return pixels.to(device=like.device, dtype=like.dtype).mul_(1 / 255).expand(1, 3, *size)
+        return pixels.to(device=like.device, dtype=like.dtype).mul_(1 / 255)
     if isinstance(background, np.ndarray):
         if background.dtype != np.uint8 or background.ndim != 3 or background.shape[2] != 3:
             raise ValueError(
@@ -220,7 +223,8 @@ def composite(foreground: torch.Tensor, alpha: torch.Tensor, background: Backgro
         colour = (foreground / alpha.clamp_min(1e-6)).clamp_(0.0, 1.0)
         return _to_uint8(torch.cat([colour, alpha.clamp(0.0, 1.0)], dim=1))
     pixels = _background(background, (foreground.shape[-2], foreground.shape[-1]), foreground)
-    return _to_uint8(torch.addcmul(foreground, 1 - alpha, pixels).clamp_(0.0, 1.0))
+    # foreground + (1 - alpha) * background, rounded step by step like the reference (addcmul is not).
+    return _to_uint8(((1 - alpha) * pixels).add_(foreground).clamp_(0.0, 1.0))
 
 
 def to_hwc(tensor: torch.Tensor) -> np.ndarray:

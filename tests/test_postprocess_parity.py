@@ -282,11 +282,11 @@ def test_composite_over_an_image_matches_reference() -> None:
     outputs = _matting(12)
     background = np.random.default_rng(13).integers(0, 256, size=(41, 29, 3), dtype=np.uint8)
     reference = _reference((32, 24)).post_process_image_matting(
-        outputs, target_sizes=[(50, 70)] * 2, backgrounds=background
+        outputs, target_sizes=[(300, 400)] * 2, backgrounds=background
     )
-    foreground, alpha = matting_to_image(outputs.foregrounds, outputs.alphas, (50, 70))
+    foreground, alpha = matting_to_image(outputs.foregrounds, outputs.alphas, (300, 400))
     ours = composite(foreground, alpha, background)
-    assert ours.dtype == torch.uint8 and ours.shape == (2, 3, 50, 70)
+    assert ours.dtype == torch.uint8 and ours.shape == (2, 3, 300, 400)
     for one, expected in zip(ours, reference, strict=True):
         assert torch.equal(one, expected["composite"])
 
