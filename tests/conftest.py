@@ -36,3 +36,56 @@ def person_yolo(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("yolo") / "person_yolo.pt"
     model.save(str(path))
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def few_persons_yolo(tmp_path_factory) -> str:
+    """A yolo11n .pt (built from its yaml, no download) that finds a few large persons, 2 to 4, in any photo.
+
+    Its last class and box layers are zeroed and biased: every anchor of the coarsest level scores
+    'person' at 0.88 with the widest box the head can draw, so suppression keeps a few boxes clipped to
+    the photo. Class 0 is named 'person', as the detector requires.
+    """
+    import torch
+    from ultralytics import YOLO
+
+    torch.manual_seed(0)
+    model = YOLO("yolo11n.yaml")
+    head = model.model.model[-1]
+    with torch.no_grad():
+        for level, (box, score) in enumerate(zip(head.cv2, head.cv3, strict=True)):
+            for layer in (box[-1], score[-1]):
+                layer.weight.zero_()
+                layer.bias.fill_(-9.0)
+            box[-1].bias.view(4, head.reg_max)[:, -1] = 9.0
+            score[-1].bias[0] = 2.0 if level == len(head.cv3) - 1 else -9.0
+    model.model.names = {0: "person", **{i: f"class{i}" for i in range(1, 80)}}
+    path = tmp_path_factory.mktemp("yolo") / "few_persons_yolo.pt"
+    model.save(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def small_mirror(tiny_mirror, tmp_path_factory):
+    """Like `tiny_mirror` for each task's default checkpoints, with a preprocessor_config.json that runs
+    them at 256x192 instead of 1024x768 (and a pointmap checkpoint built for that size)."""
+    import json
+    import shutil
+
+    from tiny_models import repo_task_size, write_tiny_checkpoint
+
+    from sapiens2.processing import ProcessorSettings
+    from sapiens2.tasks import TASKS
+
+    root = tmp_path_factory.mktemp("small_hub")
+    repo_ids = {repo_id for task in TASKS.values() for repo_id in task.repo_ids_needed(None)}
+    for repo_id in sorted(repo_ids):
+        kind, size = repo_task_size(repo_id)
+        if kind == "pointmap":
+            write_tiny_checkpoint(root / repo_id, kind, size=size, image_size=(256, 192))
+        else:
+            shutil.copytree(tiny_mirror / repo_id, root / repo_id)
+        padded = ProcessorSettings.for_task("features" if kind == "pretrain" else kind).do_pad
+        settings = {"size": {"height": 256, "width": 192}, "do_pad": padded}
+        (root / repo_id / "preprocessor_config.json").write_text(json.dumps(settings))
+    return root
