@@ -1,0 +1,391 @@
+"""Videos: frames decoded on a background thread, run through a task in batches, written back as an MP4.
+
+Frames are read with OpenCV while the model works on the previous batch (a bounded queue between the two),
+so the accelerator does not wait on decoding. The overlay video keeps the source frame rate divided by the
+stride; pose also gives one JSON of every frame in the official demo's layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from .errors import Sapiens2Error
+from .export import write_pose_frames_json
+from .images import sanitize_filename
+from .results import TaskResult
+from .runtime import Runtime
+from .tasks import get_task
+
+VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".avi", ".mkv", ".webm"})
+DEFAULT_MAX_SECONDS = 10.0
+FOURCC = "mp4v"
+POSE_JSON_SUFFIX = "_predictions.json"  # as write_pose_frames_json names it
+
+Progress = Callable[[float, str], None]
+_END = object()
+
+
+class VideoError(Sapiens2Error, ValueError):
+    """A video cannot be read or written; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the container says: frames per second, frame count (None when unknown) and frame size."""
+
+    fps: float
+    frame_count: int | None
+    width: int
+    height: int
+
+    @property
+    def duration(self) -> float | None:
+        """Length in seconds, when the frame count is known."""
+        return None if self.frame_count is None else self.frame_count / self.fps
+
+
+@dataclass
+class VideoResult:
+    """A processed video: the MP4 and the pose JSON (None when not written), frames run, the MP4's frame
+    rate, seconds of wall time, persons detected over all frames (pose) and notes for the user."""
+
+    video_path: Path | None
+    json_path: Path | None
+    frames: int
+    fps: float
+    seconds: float
+    persons: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def frames_per_second(self) -> float:
+        """Throughput: frames decoded, run through the model and written, per second of wall time."""
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def files(self) -> list[Path]:
+        """The files written."""
+        return [path for path in (self.video_path, self.json_path) if path is not None]
+
+
+def _open(path: str | os.PathLike) -> cv2.VideoCapture:
+    if not Path(path).is_file():
+        raise VideoError(f"{path}: no such video file")
+    capture = cv2.VideoCapture(os.fspath(path))
+    if not capture.isOpened():
+        capture.release()
+        raise VideoError(f"{Path(path).name} cannot be opened as a video (damaged, or a codec OpenCV lacks)")
+    return capture
+
+
+def _info(capture: cv2.VideoCapture) -> VideoInfo:
+    fps = capture.get(cv2.CAP_PROP_FPS)
+    count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+    return VideoInfo(
+        fps=fps if math.isfinite(fps) and fps > 0 else 25.0,
+        frame_count=count if count > 0 else None,
+        width=int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)),
+        height=int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+    )
+
+
+def video_info(path: str | os.PathLike) -> VideoInfo:
+    """Frame rate, frame count and size of a video file; VideoError when it cannot be opened."""
+    capture = _open(path)
+    try:
+        return _info(capture)
+    finally:
+        capture.release()
+
+
+def source_frame_limit(info: VideoInfo, max_seconds: float | None) -> int | None:
+    """Source frames inside the first `max_seconds` (None: no limit)."""
+    return None if max_seconds is None else math.ceil(max_seconds * info.fps)
+
+
+def planned_frames(
+    info: VideoInfo, *, stride: int = 1, max_frames: int | None = None, max_seconds: float | None = None
+) -> int | None:
+    """How many frames a run will take from the video; None when the container does not say."""
+    limit = source_frame_limit(info, max_seconds)
+    source = info.frame_count if limit is None else min(info.frame_count or limit, limit)
+    if source is None:
+        return max_frames
+    taken = math.ceil(source / stride)
+    return taken if max_frames is None else min(taken, max_frames)
+
+
+class FrameReader:
+    """Decodes every `stride`-th frame (RGB; stride >= 1) on a background thread into a bounded queue.
+
+    Iterating gives (source frame index, RGB uint8) pairs; leaving the `with` block stops the thread.
+    """
+
+    def __init__(
+        self,
+        capture: cv2.VideoCapture,
+        *,
+        stride: int = 1,
+        max_frames: int | None = None,
+        source_limit: int | None = None,
+        queue_size: int = 16,
+    ):
+        self._capture = capture
+        self._stride = stride
+        self._max_frames = max_frames
+        self._source_limit = source_limit
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._decode, name="sapiens2-video-decode", daemon=True)
+
+    def __enter__(self) -> FrameReader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _put(self, item: Any) -> bool:
+        """Queue `item`, waiting for room; False once the reader is stopped."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _wanted(self, index: int, taken: int) -> bool | None:
+        """True to decode frame `index`, False to skip it, None when the run has all its frames."""
+        if self._source_limit is not None and index >= self._source_limit:
+            return None
+        if self._max_frames is not None and taken >= self._max_frames:
+            return None
+        return index % self._stride == 0
+
+    def _decode(self) -> None:
+        index = taken = 0
+        try:
+            while (wanted := self._wanted(index, taken)) is not None:
+                if not wanted:
+                    if not self._capture.grab():
+                        break
+                else:
+                    ok, bgr = self._capture.read()
+                    if not ok:
+                        break
+                    if not self._put((index, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))):
+                        return
+                    taken += 1
+                index += 1
+        except Exception as error:  # handed to the consumer, which raises it
+            self._put(error)
+        self._put(_END)
+
+
+class Mp4Writer:
+    """An MP4 (mp4v) written under a hidden name and renamed into place when complete; RGB frames in."""
+
+    def __init__(self, path: Path, fps: float):
+        self.path = path
+        self._temporary = path.with_name(f".{path.stem}.{secrets.token_hex(6)}{path.suffix}")
+        self._fps = fps
+        self._writer: cv2.VideoWriter | None = None
+        self._size: tuple[int, int] | None = None
+
+    def __enter__(self) -> Mp4Writer:
+        return self
+
+    def write(self, rgb: np.ndarray) -> None:
+        """Append one frame; the first frame sets the video's size, later ones are fitted to it."""
+        height, width = rgb.shape[:2]
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._size = (width, height)
+            fourcc = cv2.VideoWriter_fourcc(*FOURCC)
+            self._writer = cv2.VideoWriter(os.fspath(self._temporary), fourcc, self._fps, self._size)
+            if not self._writer.isOpened():
+                raise VideoError(f"OpenCV cannot write an {FOURCC} MP4 at {self.path}")
+        if (width, height) != self._size:
+            rgb = cv2.resize(rgb, self._size, interpolation=cv2.INTER_AREA)
+        self._writer.write(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if self._writer is not None:
+            self._writer.release()
+        if exc_type is None and self._writer is not None:
+            os.replace(self._temporary, self.path)
+        else:
+            self._temporary.unlink(missing_ok=True)
+
+
+def detected_persons(result: TaskResult) -> list:
+    """The persons of a pose result that the detector found; none when it fell back to the whole image."""
+    prediction = result.prediction
+    return [] if prediction.detections.fallback else prediction.persons
+
+
+def video_outputs(
+    out_dir: str | os.PathLike, stem: str, task: str, *, write_video: bool = True, write_json: bool = True
+) -> list[Path]:
+    """The files process_video writes: out_dir/{stem}_{task}.mp4 and, for pose, {stem}_predictions.json."""
+    out_dir = Path(out_dir)
+    paths = [out_dir / f"{stem}_{task}.mp4"] if write_video else []
+    return paths + ([out_dir / f"{stem}{POSE_JSON_SUFFIX}"] if task == "pose" and write_json else [])
+
+
+@dataclass
+class _Frames:
+    """What the frame loop gathers: frames run, the frame size and, for pose, each frame's persons."""
+
+    count: int = 0
+    size: tuple[int, int] = (0, 0)
+    persons: list[tuple[str, list]] = field(default_factory=list)
+
+
+def process_video(
+    runtime: Runtime,
+    task: str,
+    path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    size: str | None = None,
+    model: str | None = None,
+    stem: str | None = None,
+    max_seconds: float | None = DEFAULT_MAX_SECONDS,
+    max_frames: int | None = None,
+    stride: int = 1,
+    batch_size: int | None = None,
+    write_video: bool = True,
+    write_json: bool = True,
+    progress: Progress | None = None,
+    **options: Any,
+) -> VideoResult:
+    """Run `task` on the frames of a video; writes {stem}_{task}.mp4 and, for pose, {stem}_predictions.json.
+
+    The video shows the task's first picture of each frame. Frames go through the model `batch_size` at a
+    time (default: the runtime's); `stride` keeps every n-th frame; `max_frames` and `max_seconds` (of
+    source time; None for no limit) cut the video short. `progress(fraction, text)` follows each batch.
+    """
+    entry = get_task(task)
+    values = entry.coerce_options(options)
+    batch_size = batch_size or runtime.batch_size
+    for name, value in (("stride", stride), ("max_frames", max_frames), ("batch_size", batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    stem = stem or sanitize_filename(Path(path).stem, default="video")
+    runtime.model(model or entry.repo_id(size))  # load before the clock starts, and fail before decoding
+    capture = _open(path)
+    try:
+        info = _info(capture)
+        reader = FrameReader(
+            capture,
+            stride=stride,
+            max_frames=max_frames,
+            source_limit=source_frame_limit(info, max_seconds),
+            queue_size=2 * batch_size,
+        )
+        sink = (
+            Mp4Writer(video_outputs(out_dir, stem, entry.name)[0], info.fps / stride) if write_video else None
+        )
+        total = planned_frames(info, stride=stride, max_frames=max_frames, max_seconds=max_seconds)
+        start = time.perf_counter()
+        with reader, sink or contextlib.nullcontext():
+            frames = _run_frames(
+                runtime,
+                entry.name,
+                reader,
+                sink,
+                batch_size=batch_size,
+                total=total,
+                progress=progress,
+                run_options={"size": size, "model": model, **options},
+            )
+            if frames.count == 0:
+                raise VideoError(f"{Path(path).name}: no frame could be decoded")
+        seconds = time.perf_counter() - start
+    finally:
+        capture.release()
+    json_path = None
+    if entry.name == "pose" and write_json:
+        json_path = write_pose_frames_json(
+            out_dir, stem, frames.persons, image_size=frames.size, threshold=values["threshold"]
+        )[0]
+    return VideoResult(
+        video_path=sink.path if sink is not None else None,
+        json_path=json_path,
+        frames=frames.count,
+        fps=info.fps / stride,
+        seconds=seconds,
+        persons=sum(len(found) for _, found in frames.persons),
+        notes=_notes(info, max_seconds),
+    )
+
+
+def _run_frames(
+    runtime: Runtime,
+    task: str,
+    reader: FrameReader,
+    sink: Mp4Writer | None,
+    *,
+    batch_size: int,
+    total: int | None,
+    progress: Progress | None,
+    run_options: dict[str, Any],
+) -> _Frames:
+    """Run `task` on the decoded frames, `batch_size` at a time, writing each frame's first picture."""
+    frames = _Frames()
+    for batch in _batches(reader, batch_size):
+        results = runtime.run_batch(task, [rgb for _, rgb in batch], **run_options)
+        frames.size = batch[0][1].shape[:2]
+        for (index, _), result in zip(batch, results, strict=True):
+            if sink is not None:
+                sink.write(result.pictures[0][1])
+            if task == "pose":
+                frames.persons.append((f"{index:06d}", detected_persons(result)))
+        frames.count += len(batch)
+        if progress is not None:
+            fraction = min(frames.count / total, 1.0) if total else 0.0
+            progress(fraction, f"{frames.count} of {total or '?'} frames")
+    return frames
+
+
+def _batches(reader: FrameReader, size: int) -> Iterator[list[tuple[int, np.ndarray]]]:
+    batch: list[tuple[int, np.ndarray]] = []
+    for item in reader:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _notes(info: VideoInfo, max_seconds: float | None) -> list[str]:
+    duration = info.duration
+    if max_seconds is None or duration is None or duration <= max_seconds:
+        return []
+    return [f"Only the first {max_seconds:g} s of this {duration:.1f} s video were processed."]

@@ -1,0 +1,193 @@
+"""Videos: a synthetic clip through pose and segmentation, frame selection, the decoding thread, failures."""
+
+import json
+import threading
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from sapiens2.runtime import Runtime
+from sapiens2.video import FrameReader, VideoError, planned_frames, process_video, video_info, video_outputs
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+FRAMES, HEIGHT, WIDTH, FPS = 6, 256, 192, 12.0
+KEYPOINTS = 308
+
+
+def read_video(path: Path) -> tuple[list[np.ndarray], float]:
+    """Every frame (RGB) of a video and its frame rate, read back with OpenCV."""
+    capture = cv2.VideoCapture(str(path))
+    assert capture.isOpened()
+    frames = []
+    while True:
+        ok, bgr = capture.read()
+        if not ok:
+            break
+        frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+    fps = capture.get(cv2.CAP_PROP_FPS)
+    capture.release()
+    return frames, fps
+
+
+def write_clip(path: Path, count: int = FRAMES) -> list[np.ndarray]:
+    """An mp4v clip of the example photos at 256x192, each frame shifted a little; returns its RGB frames."""
+    photos = [
+        cv2.resize(cv2.imread(str(ASSETS / name)), (WIDTH, HEIGHT))
+        for name in ("grace_hopper.jpg", "astronaut.png")
+    ]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), FPS, (WIDTH, HEIGHT))
+    for index in range(count):
+        writer.write(np.roll(photos[index % 2], 4 * index, axis=1))
+    writer.release()
+    return read_video(path)[0]
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> tuple[Path, list[np.ndarray]]:
+    path = tmp_path_factory.mktemp("clip") / "walk.mp4"
+    return path, write_clip(path)
+
+
+@pytest.fixture(scope="module")
+def runtime(small_mirror, few_persons_yolo):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAPIENS2_CHECKPOINT_DIR", str(small_mirror))
+        yield Runtime(device="cpu", dtype="fp32", detector=few_persons_yolo, batch_size=4)
+
+
+def no_hidden_files(folder: Path) -> bool:
+    return not any(path.name.startswith(".") for path in folder.iterdir())
+
+
+def test_the_synthetic_clip_reads_back(clip):
+    path, frames = clip
+    assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, WIDTH, 3)
+    info = video_info(path)
+    assert (info.fps, info.frame_count, info.width, info.height) == (FPS, FRAMES, WIDTH, HEIGHT)
+
+
+def test_pose_video_and_its_frame_list(runtime, clip, tmp_path):
+    path, _ = clip
+    calls = []
+    result = process_video(runtime, "pose", path, tmp_path, progress=lambda f, text: calls.append((f, text)))
+    assert result.files == video_outputs(tmp_path, "walk", "pose")
+    assert result.files == [tmp_path / "walk_pose.mp4", tmp_path / "walk_predictions.json"]
+    frames, fps = read_video(result.video_path)
+    assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
+    assert (result.frames, result.fps, result.notes) == (FRAMES, FPS, [])
+    assert result.frames_per_second > 0
+    assert calls[-1] == (1.0, f"{FRAMES} of {FRAMES} frames") and len(calls) == 2  # batches of 4 and 2
+
+    document = json.loads(result.json_path.read_text())
+    assert document["video"] == "walk" and document["image_size"] == [HEIGHT, WIDTH]
+    assert document["num_keypoints"] == KEYPOINTS and document["kpt_thr_used"] == 0.3
+    assert [frame["image_name"] for frame in document["frames"]] == [f"{i:06d}" for i in range(FRAMES)]
+    instances = [instance for frame in document["frames"] for instance in frame["instances"]]
+    assert len(instances) == result.persons and all(frame["instances"] for frame in document["frames"])
+    for instance in instances:
+        assert len(instance["bbox"]) == 4 and instance["bbox"][2] <= WIDTH and instance["bbox"][3] <= HEIGHT
+        assert (
+            np.shape(instance["keypoints"]) == (KEYPOINTS, 2)
+            and len(instance["keypoint_scores"]) == KEYPOINTS
+        )
+    assert no_hidden_files(tmp_path)
+
+
+def test_segmentation_video_shows_each_frame_overlay_in_order(runtime, clip, tmp_path):
+    path, source = clip
+    result = process_video(runtime, "segment", path, tmp_path, opacity=0.8)
+    assert result.json_path is None and result.files == [tmp_path / "walk_segment.mp4"]
+    frames, fps = read_video(result.video_path)
+    assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
+    overlays = [result.pictures[0][1] for result in runtime.run_batch("segment", source, opacity=0.8)]
+    for index, (written, original) in enumerate(zip(frames, source, strict=True)):
+        # mp4v blurs the noisy overlay of a random model, yet each frame stays nearest to its own overlay.
+        distances = [np.abs(written.astype(int) - overlay).mean() for overlay in overlays]
+        assert np.argmin(distances) == index
+        assert distances[index] < np.abs(written.astype(int) - original).mean()
+
+
+@pytest.mark.parametrize(
+    ("options", "frames", "fps"),
+    [
+        ({"stride": 2}, 3, FPS / 2),
+        ({"max_frames": 2}, 2, FPS),
+        ({"stride": 4, "max_frames": 5}, 2, FPS / 4),
+        ({"max_seconds": 0.25}, 3, FPS),
+    ],
+)
+def test_stride_and_limits_choose_the_frames(runtime, clip, tmp_path, options, frames, fps):
+    path, _ = clip
+    expected = planned_frames(video_info(path), **options)
+    result = process_video(runtime, "segment", path, tmp_path, **options)
+    assert result.frames == expected == frames and result.fps == fps
+    written, rate = read_video(result.video_path)
+    assert len(written) == frames and rate == pytest.approx(fps)
+    assert result.notes == (
+        ["Only the first 0.25 s of this 0.5 s video were processed."] if "max_seconds" in options else []
+    )
+
+
+class FakeCapture:
+    """Stands in for cv2.VideoCapture: numbered frames, recording which thread decodes and what is skipped."""
+
+    def __init__(self, count: int):
+        self.count, self.position = count, 0
+        self.threads: set[str] = set()
+        self.decoded: list[int] = []
+
+    def grab(self) -> bool:
+        self.position += 1
+        return self.position <= self.count
+
+    def read(self) -> tuple[bool, np.ndarray | None]:
+        self.threads.add(threading.current_thread().name)
+        if self.position >= self.count:
+            return False, None
+        self.decoded.append(self.position)
+        self.position += 1
+        return True, np.full((2, 2, 3), self.position - 1, dtype=np.uint8)
+
+
+def test_frames_are_decoded_on_a_background_thread_through_a_bounded_queue():
+    capture = FakeCapture(10)
+    with FrameReader(capture, stride=3) as reader:
+        items = list(reader)
+    assert [index for index, _ in items] == [0, 3, 6, 9] and capture.decoded == [0, 3, 6, 9]
+    assert [int(rgb[0, 0, 0]) for _, rgb in items] == [0, 3, 6, 9]
+    assert capture.threads == {"sapiens2-video-decode"}
+
+    capture = FakeCapture(1000)
+    with FrameReader(capture, queue_size=2) as reader:
+        first = next(iter(reader))
+        threading.Event().wait(0.2)  # let the decoder fill the queue
+        assert first[0] == 0 and len(capture.decoded) <= 4
+    assert len(capture.decoded) <= 5  # leaving the block stopped the decoder
+
+
+def test_a_damaged_video_is_refused_by_name(runtime, tmp_path):
+    damaged = tmp_path / "damaged.mp4"
+    damaged.write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 8)
+    with pytest.raises(VideoError, match="damaged.mp4"):
+        process_video(runtime, "segment", damaged, tmp_path / "out")
+    with pytest.raises(VideoError, match="no such video"):
+        video_info(tmp_path / "missing.mp4")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failure_midway_leaves_no_partial_video(runtime, clip, tmp_path, monkeypatch):
+    path, _ = clip
+    calls = []
+
+    def failing_second_batch(task, images, **options):
+        calls.append(len(images))
+        if len(calls) == 2:
+            raise RuntimeError("out of patience")
+        return Runtime.run_batch(runtime, task, images, **options)
+
+    monkeypatch.setattr(runtime, "run_batch", failing_second_batch)
+    with pytest.raises(RuntimeError, match="out of patience"):
+        process_video(runtime, "segment", path, tmp_path)
+    assert calls == [4, 2] and list(tmp_path.iterdir()) == []
