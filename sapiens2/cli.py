@@ -1,0 +1,579 @@
+"""Command line: `sapiens2 TASK INPUT... --out DIR` runs registered tasks on photos, folders and videos.
+
+Outputs go to DIR/<input's path under its folder, without extension>_<kind>.<ext>. A file that cannot be
+read is reported and skipped; outputs already there are kept unless --overwrite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub.utils import tqdm  # the tqdm that huggingface_hub, a dependency, ships with
+
+from .detector import DetectorError
+from .device import DTYPES
+from .errors import CheckpointError, ConfigError
+from .export import write_picture
+from .hub import CHECKPOINT_DIR_ENV
+from .images import ImageInputError, LoadedImage, load_image, sanitize_filename
+from .messages import describe_error, is_expected
+from .options import Option
+from .results import TaskResult
+from .runtime import DEFAULT_BATCH_SIZE, Runtime
+from .tasks import ALL_TASKS, TASKS, Task, get_task
+from .video import (
+    VIDEO_EXTENSIONS,
+    VideoError,
+    detected_persons,
+    planned_frames,
+    process_video,
+    video_info,
+    video_outputs,
+)
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+EXIT_OK, EXIT_NOTHING_SUCCEEDED = 0, 1  # argparse exits with 2 on usage errors
+# Files each task's exports write after the input's stem (tests check them against the exporters).
+EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "pose": ("_pose.json",),
+    "segment": ("_segmentation.png", "_segmentation.npy"),
+    "normals": ("_normals.npy",),
+    "depth": ("_depth.npy", "_points.ply"),
+    "matting": ("_alpha.png", "_cutout.png", "_composite.png"),
+    "features": ("_cls.npy", "_patches.npy"),
+}
+EXPORT_KINDS = ("json", "png", "npy", "ply")
+# Errors that concern the task's model or detector rather than one input: the task stops there.
+TASK_ERRORS = (CheckpointError, DetectorError, ConfigError)
+
+
+# ---- inputs and where their outputs go -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file and the folder and stem its outputs are named after."""
+
+    path: Path
+    label: str
+    directory: Path
+    stem: str
+
+    @property
+    def is_video(self) -> bool:
+        return self.path.suffix.lower() in VIDEO_EXTENSIONS
+
+
+def _walk(folder: Path, skip: Path) -> Iterator[Path]:
+    """Image and video files under `folder`, sorted, leaving out hidden entries and the `skip` folder."""
+    for root, folders, files in os.walk(folder):
+        folders[:] = sorted(
+            name for name in folders if not name.startswith(".") and (Path(root) / name).resolve() != skip
+        )
+        for name in sorted(files):
+            if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS | VIDEO_EXTENSIONS:
+                yield Path(root) / name
+
+
+def collect_sources(inputs: Sequence[str], out: Path) -> tuple[list[Source], list[tuple[str, str]]]:
+    """The files named or found under the folders named, with their output places; and inputs not found."""
+    found: list[tuple[Path, str, Path]] = []  # (file, label, its path under the output folder)
+    missing = []
+    for text in inputs:
+        path = Path(text).expanduser()
+        if path.is_dir():
+            found += [(file, str(file), file.relative_to(path)) for file in _walk(path, out.resolve())]
+        elif path.is_file():
+            found.append((path, text, Path(path.name)))
+        else:
+            missing.append((text, "No such file or folder."))
+    unique = {file.resolve(): (file, label, relative) for file, label, relative in reversed(found)}
+    found = list(reversed(unique.values()))  # a file named twice (alone and in its folder) runs once
+    places = []
+    for _, _, relative in found:
+        directory = out.joinpath(*(sanitize_filename(part, "folder") for part in relative.parts[:-1]))
+        places.append((directory, sanitize_filename(relative.stem), relative.name))
+    uses = Counter((directory, stem) for directory, stem, _ in places)
+    # Inputs that differ only by extension (photo.jpg, photo.png) keep it in their stem, so both are kept.
+    return [
+        Source(file, label, directory, stem if uses[directory, stem] == 1 else sanitize_filename(name))
+        for (file, label, _), (directory, stem, name) in zip(found, places, strict=True)
+    ], missing
+
+
+def picture_suffix(title: str) -> str:
+    """`_body_parts` for the picture titled "Body parts"."""
+    return "_" + sanitize_filename(title.lower().replace(" ", "_"), "picture")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to write: export kinds (json, png, npy, ply) and whether to write pictures."""
+
+    exports: frozenset[str]
+    pictures: bool
+    overwrite: bool
+
+    def export_suffixes(self, task: Task) -> list[str]:
+        return [s for s in EXPORT_SUFFIXES[task.name] if s.rsplit(".", 1)[-1] in self.exports]
+
+    def picture_suffixes(self, task: Task) -> dict[str, str]:
+        """Picture title -> file suffix; a picture that an export writes under the same name is left to it."""
+        if not self.pictures:
+            return {}
+        taken = set(self.export_suffixes(task))
+        named = {title: picture_suffix(title) for title in task.picture_titles}
+        return {title: suffix for title, suffix in named.items() if f"{suffix}.png" not in taken}
+
+    def image_outputs(self, task: Task, source: Source) -> list[Path]:
+        suffixes = self.export_suffixes(task) + [f"{s}.png" for s in self.picture_suffixes(task).values()]
+        return [source.directory / f"{source.stem}{suffix}" for suffix in suffixes]
+
+    def outputs(self, task: Task, source: Source) -> list[Path]:
+        """Every file the source is to get from `task`."""
+        if not source.is_video:
+            return self.image_outputs(task, source)
+        writes = {"write_video": self.pictures, "write_json": "json" in self.exports}
+        return video_outputs(source.directory, source.stem, task.name, **writes)
+
+    def pending(self, task: Task, source: Source) -> bool:
+        """True when the source has outputs of `task` to write (all of them, with overwrite)."""
+        paths = self.outputs(task, source)
+        return bool(paths) and (self.overwrite or not all(path.exists() for path in paths))
+
+
+def write_image_outputs(result: TaskResult, task: Task, source: Source, plan: Plan) -> tuple[list[Path], int]:
+    """Write the planned exports and pictures of one photo; returns the files written and those kept.
+
+    Exports are written to a hidden folder first, and only the chosen kinds are moved into place.
+    """
+    staging = source.directory / f".sapiens2-{secrets.token_hex(6)}"
+    try:
+        exported = {path.name.removeprefix(source.stem): path for path in result.export(staging, source.stem)}
+        files = {f"{source.stem}{suffix}": exported[suffix] for suffix in plan.export_suffixes(task)}
+        pictures = dict(result.pictures)
+        for title, suffix in plan.picture_suffixes(task).items():
+            for path in write_picture(staging, source.stem, suffix, pictures[title]):
+                files[path.name] = path
+        written, kept = [], 0
+        for name, staged in files.items():
+            target = source.directory / name
+            if target.exists() and not plan.overwrite:
+                kept += 1
+                continue
+            os.replace(staged, target)
+            written.append(target)
+        return written, kept
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# ---- the run ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskStats:
+    """One task's share of the run."""
+
+    images: int = 0
+    persons: int = 0
+    seconds: float = 0.0  # detection + model + post-processing, summed over photos
+
+
+@dataclass
+class Report:
+    """What happened: files written and kept, successes, failures and per-task and per-video figures."""
+
+    written: list[Path] = field(default_factory=list)
+    kept: int = 0
+    succeeded: int = 0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    stats: dict[str, TaskStats] = field(default_factory=dict)
+    videos: list[str] = field(default_factory=list)
+
+    def fail(self, what: str, error: BaseException | str) -> None:
+        self.failures.append((what, error if isinstance(error, str) else reason(error)))
+
+
+def reason(error: BaseException) -> str:
+    """A sentence for a failure: the shared wording for known errors, else the error's type and text."""
+    return describe_error(error) if is_expected(error) else f"{type(error).__name__}: {error}"
+
+
+@dataclass
+class Run:
+    """Runs tasks over sources and fills a report."""
+
+    runtime: Runtime
+    plan: Plan
+    batch_size: int
+    size: str | None
+    model: str | None
+    options: dict[str, Any]
+    max_frames: int | None
+    stride: int
+    report: Report = field(default_factory=Report)
+    unreadable: set[Path] = field(default_factory=set)
+
+    def task_options(self, task: Task) -> dict[str, Any]:
+        names = {option.name for option in task.options}
+        return {name: value for name, value in self.options.items() if name in names and value is not None}
+
+    def size_for(self, task: Task) -> str | None:
+        return self.size if self.size in task.repos else None
+
+    def task(self, task: Task, sources: Sequence[Source]) -> None:
+        """Run one task on every source that still needs it; a model or detector failure stops the task."""
+        readable = [source for source in sources if source.path not in self.unreadable]
+        todo = [source for source in readable if self.plan.pending(task, source)]
+        for source in set(readable) - set(todo):
+            outputs = self.plan.outputs(task, source)
+            self.report.succeeded += bool(outputs)
+            self.report.kept += len(outputs)
+        try:
+            self.images(task, [source for source in todo if not source.is_video])
+            for source in todo:
+                if source.is_video:
+                    self.video(task, source)
+        except TASK_ERRORS as error:
+            self.report.fail(f"{task.name} (task stopped)", error)
+
+    def images(self, task: Task, sources: Sequence[Source]) -> None:
+        if not sources:
+            return
+        stats = self.report.stats.setdefault(task.name, TaskStats())
+        with tqdm(total=len(sources), desc=task.name, unit="image", leave=False) as bar:
+            for start in range(0, len(sources), self.batch_size):
+                chunk = sources[start : start + self.batch_size]
+                for source, result in self.results(task, self.loaded(chunk)):
+                    stats.images += 1
+                    stats.seconds += result.timings.detection + result.timings.model + result.timings.post
+                    stats.persons += len(detected_persons(result)) if task.name == "pose" else 0
+                    self.save(result, task, source)
+                bar.update(len(chunk))
+
+    def loaded(self, sources: Sequence[Source]) -> list[tuple[Source, LoadedImage]]:
+        """The photos that can be read; the others are reported once and left out of later tasks."""
+        loaded = []
+        for source in sources:
+            try:
+                loaded.append((source, load_image(source.path)))
+            except (ImageInputError, OSError) as error:
+                self.unreadable.add(source.path)
+                self.report.fail(source.label, error)
+        return loaded
+
+    def results(self, task: Task, batch: list[tuple[Source, LoadedImage]]) -> list[tuple[Source, TaskResult]]:
+        """(source, result) pairs of a batch; when the batch fails, each photo is tried alone."""
+        if not batch:
+            return []
+        try:
+            results = self.runtime.run_batch(
+                task.name,
+                [image for _, image in batch],
+                size=self.size_for(task),
+                model=self.model,
+                **self.task_options(task),
+            )
+            return list(zip([source for source, _ in batch], results, strict=True))
+        except TASK_ERRORS:
+            raise
+        except Exception as error:
+            if len(batch) == 1:
+                self.report.fail(batch[0][0].label, error)
+                return []
+        return [pair for item in batch for pair in self.results(task, [item])]
+
+    def save(self, result: TaskResult, task: Task, source: Source) -> None:
+        try:
+            written, kept = write_image_outputs(result, task, source, self.plan)
+        except Exception as error:
+            self.report.fail(source.label, f"Its outputs could not be written: {reason(error)}")
+            return
+        self.report.written += written
+        self.report.kept += kept
+        self.report.succeeded += 1
+
+    def video(self, task: Task, source: Source) -> None:
+        missing = [
+            path for path in self.plan.outputs(task, source) if self.plan.overwrite or not path.exists()
+        ]
+        writes = {
+            "write_video": any(p.suffix == ".mp4" for p in missing),
+            "write_json": any(p.suffix == ".json" for p in missing),
+        }
+        try:
+            total = planned_frames(video_info(source.path), stride=self.stride, max_frames=self.max_frames)
+            with tqdm(total=total, desc=f"{task.name} {source.path.name}", unit="frame", leave=False) as bar:
+                result = process_video(
+                    self.runtime,
+                    task.name,
+                    source.path,
+                    source.directory,
+                    size=self.size_for(task),
+                    model=self.model,
+                    stem=source.stem,
+                    max_seconds=None,
+                    max_frames=self.max_frames,
+                    stride=self.stride,
+                    batch_size=self.batch_size,
+                    **writes,
+                    progress=lambda fraction, _: bar.update(round(fraction * (total or 0)) - bar.n),
+                    **self.task_options(task),
+                )
+        except TASK_ERRORS:
+            raise
+        except Exception as error:
+            if isinstance(error, VideoError):
+                self.unreadable.add(source.path)
+            self.report.fail(source.label, error)
+            return
+        self.report.written += result.files
+        self.report.kept += len(self.plan.outputs(task, source)) - len(missing)
+        self.report.succeeded += 1
+        persons = f", {_count(result.persons, 'person')}" if task.name == "pose" else ""
+        self.report.videos.append(
+            f"{source.label}, {task.name}: {result.frames} frames in {result.seconds:.1f} s, "
+            f"{result.frames_per_second:.2f} frames/s{persons}"
+        )
+
+
+# ---- arguments -------------------------------------------------------------------------------------------
+
+
+def registry_options() -> dict[str, tuple[Option, list[str]]]:
+    """Every task option by name, with the tasks that take it (an option shared by tasks appears once)."""
+    options: dict[str, tuple[Option, list[str]]] = {}
+    for task in TASKS.values():
+        for option in task.options:
+            options.setdefault(option.name, (option, []))[1].append(task.name)
+    return options
+
+
+def _checked(option: Option):
+    """An argparse type that checks a value the way the option itself does."""
+
+    def convert(text: str) -> Any:
+        try:
+            return option.coerce(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+def _add_task_option(group: argparse._ArgumentGroup, option: Option, tasks: list[str]) -> None:
+    """One flag for a registry option: --name/--no-name for checkboxes, a checked value for the others."""
+    where = f"[{', '.join(tasks)}]"
+    if option.kind == "checkbox":
+        state = "on" if option.default else "off"
+        kind = {"action": argparse.BooleanOptionalAction, "help": f"{option.label} (default {state}) {where}"}
+    elif option.kind == "slider":
+        span = f"{option.minimum:g} to {option.maximum:g}, default {option.default:g}"
+        kind = {"type": _checked(option), "metavar": "X", "help": f"{option.label}: {span} {where}"}
+    elif option.kind == "color":
+        text = f"{option.label}: #rrggbb or 'rgb(r, g, b)', default {option.default} {where}"
+        kind = {"type": _checked(option), "metavar": "COLOUR", "help": text}
+    else:
+        kind = {"metavar": "IMAGE", "help": f"{option.label} {where}"}
+    group.add_argument("--" + option.name.replace("_", "-"), dest=option.name, default=None, **kind)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _kinds(text: str) -> frozenset[str]:
+    words = {word.strip().lower() for word in text.split(",") if word.strip()}
+    if words == {"all"}:
+        return frozenset(EXPORT_KINDS)
+    if words == {"none"}:
+        return frozenset()
+    unknown = sorted(words - set(EXPORT_KINDS))
+    if unknown or not words:
+        raise argparse.ArgumentTypeError(
+            f"export kinds are {', '.join(EXPORT_KINDS)} (comma-separated), 'all' or 'none'; got {text!r}"
+        )
+    return frozenset(words)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; task options come from the registry."""
+    parser = argparse.ArgumentParser(
+        prog="sapiens2",
+        description="Run Sapiens2 models on photos, folders of photos and videos.",
+        epilog=(
+            "Outputs: OUT/<input path under its folder, without extension>_<kind>.<ext>; videos give "
+            "<name>_<task>.mp4 and, for pose, <name>_predictions.json. Exit status: 0 when at least one "
+            "input succeeded (or its outputs were already there), 1 when nothing succeeded, 2 for a usage "
+            "error."
+        ),
+    )
+    parser.add_argument(
+        "task", choices=[*TASKS, "all"], help="the task to run; 'all' runs " + ", ".join(ALL_TASKS)
+    )
+    parser.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="image or video files, or folders (searched recursively)"
+    )
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
+
+    model = parser.add_argument_group("model")
+    sizes = sorted({size for task in TASKS.values() for size in task.repos}, key=lambda s: float(s[:-1]))
+    model.add_argument("--size", choices=sizes, help="model size (default: each task's default size)")
+    model.add_argument(
+        "--model",
+        metavar="ID_OR_PATH",
+        help="a Hub repo id, checkpoint folder or .safetensors file instead of --size (one task only)",
+    )
+    model.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    model.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        help="precision (default: bf16 on CUDA, else fp32)",
+    )
+    model.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"photos or frames per model call (default {DEFAULT_BATCH_SIZE})",
+    )
+    model.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"local checkpoints as DIR/<repo id>/ (sets {CHECKPOINT_DIR_ENV})",
+    )
+    model.add_argument(
+        "--detector",
+        metavar="WEIGHTS",
+        help="person detector for pose: an ultralytics model name or a local .pt file",
+    )
+
+    options = parser.add_argument_group("task options")
+    for option, tasks in registry_options().values():
+        _add_task_option(options, option, tasks)
+
+    outputs = parser.add_argument_group("outputs")
+    outputs.add_argument(
+        "--pictures",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the pictures (PNG) and, for videos, the MP4 (default on)",
+    )
+    outputs.add_argument(
+        "--exports",
+        type=_kinds,
+        default=frozenset(EXPORT_KINDS),
+        metavar="KINDS",
+        help=f"export kinds to write, comma-separated: {', '.join(EXPORT_KINDS)}, all or none (default all)",
+    )
+    outputs.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="rewrite outputs that already exist (default: keep them and skip their inputs)",
+    )
+
+    video = parser.add_argument_group("videos")
+    video.add_argument("--max-frames", type=_positive, metavar="N", help="stop after N frames of each video")
+    video.add_argument(
+        "--stride",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="keep every N-th frame (the video's frame rate is divided by N)",
+    )
+    return parser
+
+
+def _checked_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Task]:
+    """The tasks to run; inconsistent arguments end the program with a usage error."""
+    tasks = [get_task(name) for name in (ALL_TASKS if args.task == "all" else [args.task])]
+    if args.model and len(tasks) > 1:
+        parser.error("--model names one checkpoint: choose one task, not 'all'")
+    if args.size and not args.model and not any(args.size in task.repos for task in tasks):
+        names = ", ".join(task.name for task in tasks)
+        parser.error(f"no {args.size} model exists for {names}")
+    chosen = {task.name for task in tasks}
+    for name, (_, owners) in registry_options().items():
+        if getattr(args, name) is not None and not chosen & set(owners):
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} is an option of {', '.join(owners)}, not of {', '.join(sorted(chosen))}")
+    if not args.pictures and not args.exports:
+        parser.error("nothing to write: --no-pictures with --exports none")
+    if args.checkpoint_dir is not None:
+        if not args.checkpoint_dir.is_dir():
+            parser.error(f"--checkpoint-dir {args.checkpoint_dir} is not a folder")
+        os.environ[CHECKPOINT_DIR_ENV] = str(args.checkpoint_dir)
+    if getattr(args, "background_image", None) is not None:
+        try:
+            args.background_image = load_image(Path(args.background_image))
+        except (ImageInputError, OSError) as error:
+            parser.error(f"--background-image: {reason(error)}")
+    return tasks
+
+
+def _count(number: int, word: str) -> str:
+    return f"{number} {word}{'s' * (number != 1)}"
+
+
+def print_summary(report: Report, seconds: float, out: Path) -> None:
+    """Files written, persons found, time per photo, frames per second and failures with their reasons."""
+    kept = f", {report.kept} already there (kept)" if report.kept else ""
+    print(f"\nDone in {seconds:.1f} s: {_count(len(report.written), 'file')} written to {out}{kept}.")
+    for name, stats in report.stats.items():
+        if stats.images:
+            persons = f", {_count(stats.persons, 'person')} found" if name == "pose" else ""
+            time_per_image = f"{stats.seconds / stats.images:.2f} s per image"
+            print(f"  {name}: {_count(stats.images, 'image')}{persons}, {time_per_image}")
+    for line in report.videos:
+        print(f"  {line}")
+    if report.failures:
+        print(f"{_count(len(report.failures), 'failure')}:")
+        for what, why in report.failures:
+            print(f"  {what}: {why}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 success, 1 nothing succeeded, 2 usage error)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    tasks = _checked_arguments(parser, args)
+    try:
+        runtime = Runtime(
+            device=args.device, dtype=args.dtype, detector=args.detector, batch_size=args.batch_size
+        )
+    except ConfigError as error:
+        parser.error(str(error))
+    sources, missing = collect_sources(args.inputs, args.out)
+    plan = Plan(exports=args.exports, pictures=args.pictures, overwrite=args.overwrite)
+    options = {name: getattr(args, name) for name in registry_options()}
+    run = Run(runtime, plan, args.batch_size, args.size, args.model, options, args.max_frames, args.stride)
+    for what, why in missing:
+        run.report.fail(what, why)
+    start = time.perf_counter()
+    names = ", ".join(task.name for task in tasks)
+    where = f"{runtime.device_label}, {runtime.dtype_label}"
+    print(f"{names} on {_count(len(sources), 'file')} ({where}) -> {args.out}")
+    for task in tasks:
+        run.task(task, sources)
+    print_summary(run.report, time.perf_counter() - start, args.out)
+    if run.report.succeeded:
+        return EXIT_OK
+    print("Nothing succeeded" + ("." if sources else ": no image or video was found."), file=sys.stderr)
+    return EXIT_NOTHING_SUCCEEDED

@@ -1,0 +1,209 @@
+"""The command line on folders of photos and on videos, with tiny checkpoints run at 256x192."""
+
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_video import read_video, write_clip
+
+from sapiens2.cli import EXIT_NOTHING_SUCCEEDED, EXIT_OK, EXPORT_SUFFIXES, build_parser, main, picture_suffix
+from sapiens2.hub import CHECKPOINT_DIR_ENV
+from sapiens2.runtime import Runtime
+from sapiens2.tasks import ALL_TASKS, TASKS
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "assets"
+# Photo -> its output stem under the output folder: subfolders are kept.
+PHOTOS = {"grace_hopper.jpg": "grace_hopper", "people/astronaut.png": "people/astronaut"}
+
+
+def run_cli(*argv: str) -> tuple[int, str]:
+    """main(argv) in this process: its exit status and printed text; the environment is restored after."""
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.delenv(CHECKPOINT_DIR_ENV, raising=False)
+        status = main([str(arg) for arg in argv])
+    return status, printed.getvalue()
+
+
+def expected_files(task: str, stem: str) -> set[str]:
+    """The files a photo gets from `task` with every export and picture, as main's layout names them."""
+    exports = {f"{stem}{suffix}" for suffix in EXPORT_SUFFIXES[task]}
+    pictures = {f"{stem}{picture_suffix(title)}.png" for title in TASKS[task].picture_titles}
+    return exports | pictures
+
+
+def files_under(folder: Path) -> set[str]:
+    return {path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """The example photos (one in a subfolder), a truncated photo, a text file and a hidden file."""
+    folder = tmp_path_factory.mktemp("photos")
+    (folder / "people").mkdir()
+    shutil.copy(ASSETS / "grace_hopper.jpg", folder / "grace_hopper.jpg")
+    shutil.copy(ASSETS / "astronaut.png", folder / "people/astronaut.png")
+    (folder / "broken.jpg").write_bytes((ASSETS / "grace_hopper.jpg").read_bytes()[:4000])
+    (folder / "notes.txt").write_text("not a photo")
+    shutil.copy(ASSETS / "astronaut.png", folder / ".hidden.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def setup_args(small_mirror, few_persons_yolo) -> list[str]:
+    return ["--checkpoint-dir", small_mirror, "--detector", few_persons_yolo, "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def first_run(photos, setup_args, tmp_path_factory):
+    """`sapiens2 all PHOTOS --out OUT` once for the module: (output folder, exit status, printed text)."""
+    out = tmp_path_factory.mktemp("out")
+    status, printed = run_cli("all", photos, "--out", out, "--batch-size", 2, *setup_args)
+    return out, status, printed
+
+
+def test_help_runs_as_a_program():
+    done = subprocess.run(
+        [sys.executable, "-m", "sapiens2", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: sapiens2") and "--no-flip-test" in done.stdout
+
+
+def test_every_registry_option_has_a_flag():
+    parser = build_parser()
+    args = parser.parse_args(["pose", "x.jpg", "--out", "o"])
+    for task in TASKS.values():
+        for option in task.options:
+            assert getattr(args, option.name) is None
+    args = parser.parse_args(
+        ["all", "x", "--out", "o", "--threshold", "0.5", "--no-flip-test", "--opacity", "1"]
+        + ["--remove-background", "--background-color", "rgb(1, 2, 3)", "--exports", "json,npy"]
+    )
+    assert (args.threshold, args.flip_test, args.opacity, args.remove_background) == (0.5, False, 1.0, True)
+    assert args.background_color == (1, 2, 3) and args.exports == {"json", "npy"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["pose", "x", "--out", "o", "--threshold", "2"], "between 0.0 and 1.0"),
+        (["segment", "x", "--out", "o", "--background-color", "mauve-ish"], "not understood"),
+        (["pose", "x", "--out", "o", "--opacity", "0.5"], "--opacity is an option of segment, not of pose"),
+        (["all", "x", "--out", "o", "--model", "some/where"], "choose one task"),
+        (["matting", "x", "--out", "o", "--size", "0.4b"], "no 0.4b model exists for matting"),
+        (["pose", "x", "--out", "o", "--no-pictures", "--exports", "none"], "nothing to write"),
+        (["pose", "x", "--out", "o", "--exports", "gif"], "export kinds are"),
+        (["pose", "x", "--out", "o", "--batch-size", "0"], "at least 1"),
+        (["pose", "x", "--out", "o", "--device", "quantum"], "not understood"),
+    ],
+)
+def test_usage_errors_exit_with_status_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_export_suffixes_match_what_each_task_writes(small_mirror, few_persons_yolo, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAPIENS2_CHECKPOINT_DIR", str(small_mirror))
+    runtime = Runtime(device="cpu", detector=few_persons_yolo)
+    photo = np.zeros((64, 48, 3), dtype=np.uint8)
+    for name in TASKS:
+        written = runtime.run(name, photo).export(tmp_path, "x")
+        assert sorted(path.name[1:] for path in written) == sorted(EXPORT_SUFFIXES[name]), name
+
+
+def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
+    out, status, printed = first_run
+    assert status == EXIT_OK
+    expected = {name for task in ALL_TASKS for stem in PHOTOS.values() for name in expected_files(task, stem)}
+    assert files_under(out) == expected
+    # Pictures are named after their titles; the matting alpha and composite are written once, as exports.
+    assert {name.removeprefix("grace_hopper") for name in expected if name.startswith("grace")} == {
+        *("_pose.json", "_keypoints.png", "_segmentation.png", "_segmentation.npy", "_body_parts.png"),
+        *("_legend.png", "_normals.npy", "_normals.png", "_depth.npy", "_points.ply", "_depth.png"),
+        *("_alpha.png", "_cutout.png", "_composite.png", "_cut-out.png"),
+    }
+    assert "Done in" in printed and f"{len(expected)} files written" in printed
+    assert "broken.jpg: The image file is incomplete" in printed and "1 failure:" in printed
+    assert "notes.txt" not in printed and "hidden" not in printed
+    assert "pose: 2 images, " in printed and " persons found, " in printed and " s per image" in printed
+    document = json.loads((out / "grace_hopper_pose.json").read_text())
+    assert document["image"] == {"width": 512, "height": 600} and 1 <= len(document["persons"]) <= 4
+
+
+def test_a_rerun_skips_existing_outputs_and_overwrite_rewrites_them(first_run, photos, setup_args):
+    out, _, _ = first_run
+    before = {path: path.stat().st_mtime_ns for path in out.rglob("*") if path.is_file()}
+    status, printed = run_cli("all", photos, "--out", out, *setup_args)
+    assert status == EXIT_OK and "0 files written" in printed and f"{len(before)} already there" in printed
+    assert "broken.jpg" in printed  # still reported: it has no outputs
+    assert {path: path.stat().st_mtime_ns for path in before} == before
+
+    status, printed = run_cli("segment", photos, "--out", out, "--overwrite", *setup_args)
+    rewritten = {path for path in before if path.stat().st_mtime_ns != before[path]}
+    segment = {out / name for stem in PHOTOS.values() for name in expected_files("segment", stem)}
+    assert status == EXIT_OK and rewritten == segment and f"{len(segment)} files written" in printed
+
+
+def test_chosen_exports_only_and_photos_that_differ_by_extension(photos, setup_args, tmp_path):
+    folder = tmp_path / "twins"
+    folder.mkdir()
+    shutil.copy(photos / "grace_hopper.jpg", folder / "photo.jpg")
+    shutil.copy(photos / "people/astronaut.png", folder / "photo.png")
+    out = folder / "results"  # inside the input folder: never read back as input
+    for _ in range(2):
+        status, _ = run_cli("segment", folder, "--out", out, "--no-pictures", "--exports", "npy", *setup_args)
+        assert status == EXIT_OK
+    assert files_under(out) == {"photo.jpg_segmentation.npy", "photo.png_segmentation.npy"}
+    first = np.load(out / "photo.jpg_segmentation.npy")
+    assert first.shape == (600, 512) and np.load(out / "photo.png_segmentation.npy").shape == (512, 512)
+
+
+def test_model_option_takes_a_checkpoint_folder(photos, small_mirror, tmp_path):
+    folder = small_mirror / "facebook/sapiens2-pretrain-0.1b"
+    status, printed = run_cli("features", photos / "grace_hopper.jpg", "--out", tmp_path, "--model", folder)
+    assert status == EXIT_OK
+    assert files_under(tmp_path) == expected_files("features", "grace_hopper")
+
+
+def test_videos_through_the_command_line(photos, setup_args, tmp_path):
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    write_clip(clips / "walk.mp4")
+    (clips / "damaged.mov").write_bytes(b"\x00\x00\x00\x14ftypqt  " + bytes(300))
+    out = tmp_path / "out"
+    status, printed = run_cli("pose", clips, "--out", out, "--stride", 2, "--max-frames", 2, *setup_args)
+    assert status == EXIT_OK
+    assert files_under(out) == {"walk_pose.mp4", "walk_predictions.json"}
+    frames, fps = read_video(out / "walk_pose.mp4")
+    assert len(frames) == 2 and fps == 6.0
+    assert len(json.loads((out / "walk_predictions.json").read_text())["frames"]) == 2
+    assert "walk.mp4, pose: 2 frames in " in printed and " frames/s, " in printed
+    assert "damaged.mov: " in printed and "cannot be opened as a video" in printed
+
+    video = out / "walk_pose.mp4"
+    (out / "walk_predictions.json").unlink()
+    written = video.stat().st_mtime_ns
+    status, printed = run_cli("pose", clips, "--out", out, "--stride", 2, "--max-frames", 2, *setup_args)
+    assert status == EXIT_OK and "1 file written" in printed and "1 already there" in printed
+    assert video.stat().st_mtime_ns == written and (out / "walk_predictions.json").is_file()
+
+
+def test_nothing_succeeded_exits_with_status_1(photos, setup_args, tmp_path, capsys):
+    status, printed = run_cli(
+        "segment", photos / "broken.jpg", tmp_path / "missing.png", "--out", tmp_path, *setup_args
+    )
+    assert status == EXIT_NOTHING_SUCCEEDED
+    assert "broken.jpg: " in printed and "missing.png: No such file or folder." in printed
+    assert "Nothing succeeded." in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    status, _ = run_cli("segment", tmp_path / "empty", "--out", tmp_path, *setup_args)
+    assert status == EXIT_NOTHING_SUCCEEDED and "no image or video was found" in capsys.readouterr().err
