@@ -65,7 +65,7 @@ def _candidate_leads(
     where another class is ahead), for K cells with corners (K, 4) as flat indices into values (C, N);
     and the largest magnitude (K,) among each cell's values."""
     wide = torch.promote_types(values.dtype, torch.float32)
-    corner_values = values[:, corners].permute(1, 2, 0).to(wide)  # (K, 4, C)
+    corner_values = values.index_select(1, corners.flatten()).T.to(wide).reshape(-1, 4, len(values))
     best_two = corner_values.topk(2, dim=-1).values
     own = corner_values.gather(2, corner_labels.unsqueeze(1).expand(-1, 4, -1))
     is_top = corner_labels.unsqueeze(2) == corner_labels.unsqueeze(1)
@@ -105,7 +105,7 @@ def segmentation_labels(logits: torch.Tensor, size: Size | None = None) -> torch
     y0, row_taps = _linear_taps(height, size[0], device)
     x0, column_taps = _linear_taps(width, size[1], device)
     small = labels.to(torch.uint8) if classes <= 256 else labels  # an eighth of the bytes to gather
-    out = small.index_select(1, y0).index_select(2, x0).long()
+    out = small.index_select(2, x0).index_select(1, y0).long()  # columns first: rows are then copied whole
     cell_batch, cell_row, cell_column = _mixed_cells(small)
     if len(cell_row) == 0:
         return out
@@ -125,11 +125,13 @@ def segmentation_labels(logits: torch.Tensor, size: Size | None = None) -> torch
     # column. Blocks of one shape are handled together.
     row_start, row_count = _cell_pixels(cell_row, y0, height)
     column_start, column_count = _cell_pixels(cell_column, x0, width)
-    shapes = torch.stack([row_count, column_count], dim=1).unique(dim=0).tolist()
-    for rows_in_block, columns_in_block in shapes:
+    shape_code = row_count * (int(column_count.max()) + 1) + column_count
+    _, shape_of_cell = torch.unique(shape_code, return_inverse=True)
+    groups = torch.argsort(shape_of_cell, stable=True).split(torch.bincount(shape_of_cell).tolist())
+    for group in groups:
+        rows_in_block, columns_in_block = int(row_count[group[0]]), int(column_count[group[0]])
         if rows_in_block == 0 or columns_in_block == 0:  # a downscale skips some cells
             continue
-        group = ((row_count == rows_in_block) & (column_count == columns_in_block)).nonzero().squeeze(1)
         rows = row_start[group, None] + torch.arange(rows_in_block, device=device)  # (G, r)
         columns = column_start[group, None] + torch.arange(columns_in_block, device=device)  # (G, c)
         weights_y, weights_x = row_taps[rows], column_taps[columns]  # (G, r, 2), (G, c, 2)
