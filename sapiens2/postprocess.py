@@ -186,8 +186,7 @@ def matting_to_image(
     [0, 1] when a size is given, as they are otherwise."""
     if size is None:
         return foregrounds, alphas
-    both = F.interpolate(torch.cat([foregrounds, alphas], dim=1), size=tuple(size), mode="bilinear")
-    both = both.clamp_(0.0, 1.0)
+    both = resize_maps(torch.cat([foregrounds, alphas], dim=1), size).clamp_(0.0, 1.0)
     return both[:, :3], both[:, 3:]
 
 
@@ -209,7 +208,12 @@ def _background(background: RGB | np.ndarray | torch.Tensor, size: Size, like: t
                 f"background image must be uint8 (H, W, 3), not {background.dtype} {background.shape}"
             )
         background = torch.from_numpy(np.ascontiguousarray(background)).permute(2, 0, 1)
-    if not isinstance(background, torch.Tensor) or background.ndim not in (3, 4) or background.shape[-3] != 3:
+    if (
+        not isinstance(background, torch.Tensor)
+        or background.ndim not in (3, 4)
+        or background.shape[-3] != 3
+        or not (background.is_floating_point() or background.dtype == torch.uint8)
+    ):
         raise ValueError("background must be an RGB colour, a (H, W, 3) uint8 image or a (3, H, W) tensor")
     pixels = background.to(like.device)
     pixels = pixels.to(like.dtype) if pixels.is_floating_point() else pixels.to(like.dtype).mul_(1 / 255)

@@ -30,10 +30,12 @@ _BILINEAR = 2  # PIL's resampling code, the only one the preprocessor config may
 _PADDED_TASKS = frozenset({"normal", "albedo", "pointmap"})
 TASKS = frozenset({"pose", "seg", "matting", "features"}) | _PADDED_TASKS
 
-# preprocessor_config.json keys that change nothing at inference with the values the processor saves.
+# preprocessor_config.json keys that change nothing for RGB photos at inference (labels, heatmap targets
+# and a crop_size that do_center_crop=False leaves unused; do_convert_rgb acts on grey or RGBA input only).
 _INERT_KEYS = frozenset(
     {
         "image_processor_type",
+        "do_convert_rgb",
         "processor_class",
         "crop_size",
         "default_to_square",
@@ -42,7 +44,7 @@ _INERT_KEYS = frozenset(
         "keypoint_heatmap_sigma",
     }
 )
-_FIXED_KEYS = {"do_resize": True, "do_center_crop": False, "resample": _BILINEAR, "do_convert_rgb": True}
+_FIXED_KEYS = {"do_resize": True, "do_center_crop": False, "resample": _BILINEAR}
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,8 @@ def crop_persons(
     if not (boxes.isfinite().all() and (boxes[:, 2:] > 0).all()):
         raise ValueError("person boxes must be finite with a positive width and height")
     image_height, image_width, _ = array.shape
+    if min(image_height, image_width) < 2:
+        raise ValueError(f"person crops need a photo of 2x2 pixels or more, got {image_height}x{image_width}")
     out_height, out_width = settings.size
     centers, sizes = crop_windows(boxes_xywh_to_cxcywh(boxes), settings.size, padding)
     crops = torch.empty(len(boxes), 3, out_height, out_width)

@@ -322,7 +322,7 @@ def test_transparent_composite_is_straight_rgba() -> None:
 
 def test_composite_refuses_bad_backgrounds() -> None:
     foreground, alpha = matting_to_image(_matting(16).foregrounds, _matting(16).alphas)
-    for background in [(0, 300, 0), (1, 2), np.zeros((4, 4), np.uint8), "green"]:
+    for background in [(0, 300, 0), (1, 2), np.zeros((4, 4), np.uint8), "green", torch.zeros(3, 4, 4).long()]:
         with pytest.raises(ValueError):
             composite(foreground, alpha, background)
 
