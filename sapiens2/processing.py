@@ -335,22 +335,3 @@ def unpad(maps: torch.Tensor, source_size: Size, settings: ProcessorSettings) ->
     """Crop maps (..., height, width) at model input resolution to the photo's area, dropping the padding."""
     top, left, bottom, right = content_box(source_size, settings)
     return maps[..., top:bottom, left:right]
-
-
-__all__ = [
-    "BOX_PADDING",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "TASKS",
-    "ProcessorSettings",
-    "boxes_xywh_to_cxcywh",
-    "content_box",
-    "crop_persons",
-    "crop_windows",
-    "fit_size",
-    "image_to_tensor",
-    "normalize",
-    "preprocess",
-    "resize_image",
-    "unpad",
-]
