@@ -3,14 +3,13 @@ mapping from heatmap cells back to photo pixels through each person's crop windo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sapiens2.processing import BOX_PADDING, Size, boxes_xywh_to_cxcywh, crop_windows
+from sapiens2.processing import BOX_PADDING, Boxes, Size, as_boxes, boxes_xywh_to_cxcywh, crop_windows
 
 DARK_KERNEL_SIZE = 11
 # Log-heatmap bounds of the official DARK refinement.
@@ -163,7 +162,7 @@ def heatmap_to_image(
 
 def decode_keypoints(
     heatmaps: torch.Tensor,
-    boxes_xywh: torch.Tensor | np.ndarray | Sequence[Sequence[float]],
+    boxes_xywh: Boxes,
     input_size: Size = (1024, 768),
     heatmaps_flipped: torch.Tensor | None = None,
     kernel_size: int = DARK_KERNEL_SIZE,
@@ -176,7 +175,7 @@ def decode_keypoints(
     if heatmaps_flipped is not None:
         heatmaps = average_flip(heatmaps, heatmaps_flipped)
     heatmaps = heatmaps.float()
-    boxes = torch.as_tensor(np.asarray(boxes_xywh, dtype=np.float32), device=heatmaps.device).reshape(-1, 4)
+    boxes = as_boxes(boxes_xywh, heatmaps.device)
     if len(boxes) != len(heatmaps):
         raise ValueError(f"{len(heatmaps)} heatmap sets for {len(boxes)} boxes")
     if len(heatmaps) == 0:
@@ -189,7 +188,7 @@ def decode_keypoints(
 
 def decode_pose(
     heatmaps: torch.Tensor,
-    boxes_xywh: torch.Tensor | np.ndarray | Sequence[Sequence[float]],
+    boxes_xywh: Boxes,
     input_size: Size = (1024, 768),
     heatmaps_flipped: torch.Tensor | None = None,
     kernel_size: int = DARK_KERNEL_SIZE,
@@ -201,7 +200,7 @@ def decode_pose(
     keypoints, scores = decode_keypoints(
         heatmaps, boxes_xywh, input_size, heatmaps_flipped, kernel_size, padding
     )
-    boxes = torch.as_tensor(np.asarray(boxes_xywh, dtype=np.float32), device=keypoints.device).reshape(-1, 4)
+    boxes = as_boxes(boxes_xywh, keypoints.device)
     boxes_xyxy = torch.cat([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], dim=-1)
     labels = torch.arange(keypoints.shape[1], device=keypoints.device)
     people = []

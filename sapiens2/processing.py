@@ -227,6 +227,14 @@ def preprocess(
     return normalize(resized.to(device) if device is not None else resized, settings)
 
 
+Boxes = torch.Tensor | np.ndarray | Sequence[Sequence[float]]
+
+
+def as_boxes(boxes: Boxes, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boxes (N, 4) as a float32 tensor on `device` from a tensor, an array or nested lists."""
+    return torch.as_tensor(boxes, dtype=torch.float32, device=device).reshape(-1, 4)
+
+
 def boxes_xywh_to_cxcywh(boxes: torch.Tensor) -> torch.Tensor:
     """COCO boxes (x, y, width, height) to (center x, center y, width, height)."""
     x, y, width, height = boxes.unbind(-1)
@@ -292,7 +300,7 @@ def _weighted_sum(taps: Sequence[torch.Tensor], weights: torch.Tensor) -> torch.
 
 def crop_persons(
     image: ImageLike,
-    boxes_xywh: torch.Tensor | np.ndarray | Sequence[Sequence[float]],
+    boxes_xywh: Boxes,
     settings: ProcessorSettings,
     device: torch.device | str | None = None,
     padding: float = BOX_PADDING,
@@ -303,7 +311,7 @@ def crop_persons(
     shrinks and bicubically when it enlarges, black outside the photo: the affine warp without rotation.
     """
     array = rgb_array(image)
-    boxes = torch.as_tensor(np.asarray(boxes_xywh, dtype=np.float32)).reshape(-1, 4)
+    boxes = as_boxes(boxes_xywh, device="cpu")
     if not (boxes.isfinite().all() and (boxes[:, 2:] > 0).all()):
         raise ValueError("person boxes must be finite with a positive width and height")
     image_height, image_width, _ = array.shape

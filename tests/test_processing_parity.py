@@ -102,6 +102,13 @@ def test_person_crops_at_default_size_match_reference() -> None:
     _assert_close(ours, _reference(image, (1024, 768), boxes=[boxes]))
 
 
+def test_boxes_as_tensor_array_or_lists() -> None:
+    settings = ProcessorSettings(height=32, width=24)
+    crops = crop_persons(_photo("random"), BOXES[:2], settings)
+    assert torch.equal(crop_persons(_photo("random"), torch.tensor(BOXES[:2]), settings), crops)
+    assert torch.equal(crop_persons(_photo("random"), np.array(BOXES[:2]), settings), crops)
+
+
 def test_no_person_gives_an_empty_batch() -> None:
     assert crop_persons(_photo("random"), [], ProcessorSettings(height=32, width=24)).shape == (0, 3, 32, 24)
 
