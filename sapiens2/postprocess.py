@@ -122,28 +122,27 @@ def segmentation_labels(logits: torch.Tensor, size: Size | None = None) -> torch
     # Rounding of the resized logits (to their dtype) and of the bound, with a wide margin.
     rounding = (torch.finfo(values.dtype).eps + 64 * torch.finfo(torch.float32).eps) * magnitude
     # Each mixed cell covers a block of output pixels: rows whose y0 is its row, columns whose x0 is its
-    # column. Blocks of one shape are handled together.
+    # column. Blocks are laid out at the largest block size, with a mask, to handle all cells at once.
     row_start, row_count = _cell_pixels(cell_row, y0, height)
     column_start, column_count = _cell_pixels(cell_column, x0, width)
-    shape_code = row_count * (int(column_count.max()) + 1) + column_count
-    _, shape_of_cell = torch.unique(shape_code, return_inverse=True)
-    groups = torch.argsort(shape_of_cell, stable=True).split(torch.bincount(shape_of_cell).tolist())
-    for group in groups:
-        rows_in_block, columns_in_block = int(row_count[group[0]]), int(column_count[group[0]])
-        if rows_in_block == 0 or columns_in_block == 0:  # a downscale skips some cells
-            continue
-        rows = row_start[group, None] + torch.arange(rows_in_block, device=device)  # (G, r)
-        columns = column_start[group, None] + torch.arange(columns_in_block, device=device)  # (G, c)
-        weights_y, weights_x = row_taps[rows], column_taps[columns]  # (G, r, 2), (G, c, 2)
-        leads_by_tap = leads[group].view(-1, 2, 2, 4)  # (G, y tap, x tap, candidate)
-        bound, candidate = torch.einsum("gra,gcb,gabj->grcj", weights_y, weights_x, leads_by_tap).max(dim=-1)
-        flat = (cell_batch[group, None, None] * size[0] + rows[:, :, None]) * size[1] + columns[:, None, :]
-        out.view(-1)[flat] = corner_labels[group].gather(1, candidate.flatten(1)).view_as(candidate)
-        g, r, c = (bound <= rounding[group, None, None]).nonzero(as_tuple=True)
-        if len(g):
-            out.view(-1)[flat[g, r, c]] = _interpolated_classes(
-                values, corners[group[g]], weights_y[g, r], weights_x[g, c], logits.dtype
-            )
+    block_rows = torch.arange(int(row_count.max()), device=device)
+    block_columns = torch.arange(int(column_count.max()), device=device)
+    rows = (row_start[:, None] + block_rows).clamp_max(size[0] - 1)  # (K, r)
+    columns = (column_start[:, None] + block_columns).clamp_max(size[1] - 1)  # (K, c)
+    inside = (block_rows < row_count[:, None])[:, :, None] & (block_columns < column_count[:, None])[
+        :, None, :
+    ]
+    weights_y, weights_x = row_taps[rows], column_taps[columns]  # (K, r, 2), (K, c, 2)
+    leads_by_tap = leads.view(-1, 2, 2, 4)  # (K, y tap, x tap, candidate)
+    bound, candidate = torch.einsum("kra,kcb,kabj->krcj", weights_y, weights_x, leads_by_tap).max(dim=-1)
+    flat = (cell_batch[:, None, None] * size[0] + rows[:, :, None]) * size[1] + columns[:, None, :]
+    k, r, c = inside.nonzero(as_tuple=True)
+    out.view(-1)[flat[k, r, c]] = corner_labels[k, candidate[k, r, c]]
+    k, r, c = (inside & (bound <= rounding[:, None, None])).nonzero(as_tuple=True)
+    if len(k):
+        out.view(-1)[flat[k, r, c]] = _interpolated_classes(
+            values, corners[k], weights_y[k, r], weights_x[k, c], logits.dtype
+        )
     return out
 
 
