@@ -18,8 +18,15 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 
 
+def rms_normalize(x: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dimension, computed in float32, returned in x's dtype."""
+    x32 = x.float()
+    inv_rms = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+    return (x32 * inv_rms.add_(eps).rsqrt_()).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
-    """Root-mean-square normalization over the last dimension, computed in float32, with a learned scale."""
+    """Root-mean-square normalization over the last dimension with a learned scale."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -27,9 +34,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype) * self.weight
+        return rms_normalize(x, self.eps).mul_(self.weight)
 
 
 class LayerScale(nn.Module):
@@ -94,6 +99,18 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.addcmul(x * cos, swapped, sin)
 
 
+def stacked_projection(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """Weight and bias of the linear layers as one layer whose outputs are theirs, concatenated."""
+    weight = torch.cat([linear.weight for linear in linears])
+    if all(linear.bias is None for linear in linears):
+        return weight, None
+    biases = [
+        linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias
+        for linear in linears
+    ]
+    return weight, torch.cat(biases)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with grouped key/value heads, QK RMSNorm and 2D RoPE on patch tokens."""
 
@@ -118,22 +135,24 @@ class Attention(nn.Module):
         self.wq = nn.Linear(dim, dim, bias=query_bias)
         self.wk = nn.Linear(dim, kv_dim, bias=key_bias)
         self.wv = nn.Linear(dim, kv_dim, bias=value_bias)
-        self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else nn.Identity()
-        self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else nn.Identity()
+        self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.gamma = LayerScale(dim)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         batch, tokens, dim = x.shape
-        q = self.q_norm(self.wq(x).view(batch, tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(self.wk(x).view(batch, tokens, self.num_kv_heads, self.head_dim))
-        v = self.wv(x).view(batch, tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        # q, k and v come from one GEMM, and q and k share their norm and RoPE ops: fewer, larger kernels.
+        qkv = F.linear(x, *stacked_projection(self.wq, self.wk, self.wv))
+        qkv = qkv.view(batch, tokens, heads + 2 * kv_heads, self.head_dim)
+        qk, v = qkv.split((heads + kv_heads, kv_heads), dim=2)
+        if self.q_norm is not None:
+            scales = (self.q_norm.weight.expand(heads, -1), self.k_norm.weight.expand(kv_heads, -1))
+            qk = rms_normalize(qk, self.q_norm.eps).mul_(torch.cat(scales))
+        q, k = apply_rope(qk, *rope).split((heads, kv_heads), dim=2)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            enable_gqa=self.num_kv_heads != self.num_heads,
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=kv_heads != heads
         )
         return self.gamma(self.proj(out.transpose(1, 2).reshape(batch, tokens, dim)))
 
@@ -149,7 +168,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w12(x).chunk(2, dim=-1)
-        return self.w3(self.act(gate) * up)
+        return self.w3(self.act(gate).mul_(up))
 
 
 class Block(nn.Module):

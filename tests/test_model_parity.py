@@ -35,6 +35,7 @@ CASES = {
         ),
         INPUT,
     ),
+    "model-without-qk-norm-or-key-bias": (tiny_config("pretrain", use_qk_norm=False, key_bias=False), INPUT),
     "pose": (tiny_config("pose", "1b"), INPUT),
     "seg": (tiny_config("seg"), INPUT),
     "normal": (tiny_config("normal", "5b"), INPUT),
