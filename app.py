@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+from gradio.utils import get_upload_folder, is_in_or_equal
 
 from sapiens2.images import sanitize_filename
 from sapiens2.messages import describe_error, is_expected
@@ -47,6 +48,7 @@ EXAMPLES = [[str(ASSETS / "grace_hopper.jpg")], [str(ASSETS / "astronaut.png")]]
 MODEL_EVENTS = "models"
 MAX_QUEUE = 24
 MAX_UPLOAD = "40mb"
+NOT_UPLOADED = "Only uploaded files are read, never a path on the server. Please upload the image itself."
 OVERVIEW_HEIGHT = 1024  # the "All tasks" grid's picture height at most, in pixels
 LIVE_WINDOW = 10  # frames the live frame rate is measured over
 # Marks the parameter Gradio fills with each request's own progress tracker.
@@ -351,11 +353,25 @@ def _device_note(runtime: Runtime) -> str:
 
 
 def _upload(payload: Any) -> tuple[str | None, str]:
-    """The uploaded file's path (None when nothing was sent) and a safe stem for the download names."""
+    """The uploaded file's path (None when nothing was sent) and a safe stem for the download names.
+
+    Only files in Gradio's upload folder are read: Gradio checks file payloads marked as files, but passes a
+    bare {"path": ...} through unchecked, and that path must never open a file of the server.
+    """
     if not isinstance(payload, dict):
         return None, "photo"
+    path = payload.get("path")
+    if path is not None and not _in_upload_folder(str(path)):
+        raise gr.Error(NOT_UPLOADED, print_exception=False)
     name = sanitize_filename(payload.get("orig_name") or "photo", default="photo")
-    return payload.get("path"), Path(name).stem or "photo"
+    return path, Path(name).stem or "photo"
+
+
+def _in_upload_folder(path: str) -> bool:
+    try:
+        return is_in_or_equal(path, get_upload_folder())
+    except (ValueError, OSError):  # a NUL byte, a loop of links
+        return False
 
 
 def _option_value(value: Any) -> Any:
