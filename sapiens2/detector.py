@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sapiens2.errors import Sapiens2Error
+from sapiens2.errors import ConfigError, Sapiens2Error
 
 # COCO-trained medium detector: the official Sapiens demo detects persons with RTMDet-m (threshold 0.3,
 # NMS 0.3); yolo11m is the same size class (COCO box mAP 51.5 against 47.0 for yolo11s), much better on
@@ -20,6 +20,7 @@ from sapiens2.errors import Sapiens2Error
 DEFAULT_WEIGHTS = "yolo11m.pt"
 DEFAULT_MAX_PERSONS = 20
 WEIGHTS_ENV = "SAPIENS2_DETECTOR"
+MAX_PERSONS_ENV = "SAPIENS2_MAX_PERSONS"
 PERSON_CLASS = 0
 
 # Released COCO detection checkpoints (yolo11m.pt, yolov8s.pt, yolo26x.pt, yolov5mu.pt, rtdetr-l.pt, ...).
@@ -102,6 +103,16 @@ def resolve_weights(weights: str | os.PathLike | None = None) -> str:
     )
 
 
+def max_persons_from_env() -> int:
+    """The cap on persons per photo the operator chose: $SAPIENS2_MAX_PERSONS, else 20."""
+    raw = os.environ.get(MAX_PERSONS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_PERSONS
+    if not raw.isdecimal() or int(raw) < 1:
+        raise ConfigError(f"{MAX_PERSONS_ENV} must be a whole number of at least 1, not {raw!r}.")
+    return int(raw)
+
+
 def _offline() -> bool:
     return os.environ.get("YOLO_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -123,8 +134,9 @@ def _import_ultralytics() -> None:
 class YoloPersonDetector:
     """Ultralytics YOLO restricted to persons, loaded on first use.
 
-    conf: lowest box score kept; iou: NMS overlap threshold; max_persons: cap on the boxes returned
-    (default 20, best scores kept); device: a torch device string, or None to let ultralytics choose.
+    conf: lowest box score kept; iou: NMS overlap threshold; max_persons: cap on the boxes returned, best
+    scores kept (default $SAPIENS2_MAX_PERSONS, else 20); device: a torch device string, or None to let
+    ultralytics choose.
     """
 
     def __init__(
@@ -132,9 +144,10 @@ class YoloPersonDetector:
         weights: str | os.PathLike | None = None,
         conf: float = 0.3,
         iou: float = 0.3,
-        max_persons: int = DEFAULT_MAX_PERSONS,
+        max_persons: int | None = None,
         device: str | None = None,
     ) -> None:
+        max_persons = max_persons_from_env() if max_persons is None else max_persons
         if max_persons < 1:
             raise DetectorError(f"max_persons must be at least 1, got {max_persons}")
         self.weights = resolve_weights(weights)
