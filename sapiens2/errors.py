@@ -15,3 +15,7 @@ class CheckpointError(Sapiens2Error):
 
 class CheckpointNotFoundError(CheckpointError):
     """No checkpoint exists at the given repo id, directory or file."""
+
+
+class CheckpointDownloadError(CheckpointError):
+    """A checkpoint file could not be downloaded: the connection failed, the Hub erred or the disk is full."""

@@ -34,7 +34,7 @@ from torch import nn
 from sapiens2 import presets
 from sapiens2.config import Sapiens2Config, load_config
 from sapiens2.device import resolve_device, resolve_dtype
-from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from sapiens2.errors import CheckpointDownloadError, CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.models import build_model
 
 CHECKPOINT_DIR_ENV = "SAPIENS2_CHECKPOINT_DIR"
@@ -275,10 +275,11 @@ def _fetch(repo_id: str, filename: str, revision: str | None, progress: Progress
             raise CheckpointError(
                 f"{repo_id}: access denied (HTTP {status}); set HF_TOKEN to a token that can read it"
             ) from error
-        raise CheckpointError(f"{at}: downloading {filename} failed (HTTP {status}): {error}") from error
+        message = f"{at}: downloading {filename} failed (HTTP {status}): {error}"
+        raise CheckpointDownloadError(message) from error
     except (httpx.HTTPError, OSError) as error:
         message = f"{at}: downloading {filename} failed: {error}. {_fill_hint(repo_id)}"
-        raise CheckpointError(message) from error
+        raise CheckpointDownloadError(message) from error
 
 
 def _progress_bar(progress: Progress, label: str) -> type[hub_tqdm]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .detector import DetectorError
-from .errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from .errors import CheckpointDownloadError, CheckpointError, CheckpointNotFoundError, ConfigError
 from .images import ImageInputError
 
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
@@ -31,6 +31,8 @@ def describe_error(error: BaseException) -> str:
         return text
     if isinstance(error, CheckpointNotFoundError):
         return f"The model could not be found or downloaded: {text}"
+    if isinstance(error, CheckpointDownloadError):
+        return f"The model could not be downloaded: {text} Please try again in a moment."
     if isinstance(error, CheckpointError):
         if "HF_TOKEN" in text:
             return f"The model could not be downloaded: {text}"
