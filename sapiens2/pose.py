@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,29 @@ def _gaussian_kernel(kernel_size: int, dtype: torch.dtype, device: torch.device)
     return torch.tensor(weights / weights.sum(), dtype=dtype, device=device)
 
 
+def _conv_blur(maps: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """Zero-padded separable blur of (M, 1, H, W) maps with torch convolutions (fast on GPUs)."""
+    radius = len(kernel) // 2
+    blurred = F.conv2d(maps, kernel.view(1, 1, 1, -1), padding=(0, radius))
+    return F.conv2d(blurred, kernel.view(1, 1, -1, 1), padding=(radius, 0))
+
+
+def _separable_blur(maps: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """The same blur with OpenCV on the CPU, where torch's single-channel convolutions are very slow.
+
+    The maps are stacked into one tall image with `radius` zero rows between them, so one constant-border
+    filter pass blurs each map as if it stood alone.
+    """
+    count, _, height, width = maps.shape
+    radius = len(kernel) // 2
+    tall = np.zeros((count, height + radius, width), dtype=np.float32)
+    tall[:, :height] = maps.reshape(count, height, width).float().numpy()
+    taps = kernel.float().numpy()
+    out = cv2.sepFilter2D(tall.reshape(-1, width), -1, taps, taps, borderType=cv2.BORDER_CONSTANT)
+    blurred = out.reshape(count, height + radius, width)[:, :height]
+    return torch.from_numpy(np.ascontiguousarray(blurred)).to(maps.dtype).view(count, 1, height, width)
+
+
 def blur_heatmaps(heatmaps: torch.Tensor, kernel_size: int = DARK_KERNEL_SIZE) -> torch.Tensor:
     """Gaussian blur of (N, K, H, W) heatmaps with zeros outside, each map rescaled to keep its maximum."""
     if kernel_size % 2 == 0 or kernel_size <= 1:
@@ -49,10 +73,7 @@ def blur_heatmaps(heatmaps: torch.Tensor, kernel_size: int = DARK_KERNEL_SIZE) -
     n, k, height, width = heatmaps.shape
     maps = heatmaps.reshape(n * k, 1, height, width)
     kernel = _gaussian_kernel(kernel_size, maps.dtype, maps.device)
-    radius = kernel_size // 2
-    # Separable: rows then columns, zero padding (the 2-D Gaussian is the product of the two 1-D ones).
-    blurred = F.conv2d(maps, kernel.view(1, 1, 1, -1), padding=(0, radius))
-    blurred = F.conv2d(blurred, kernel.view(1, 1, -1, 1), padding=(radius, 0))
+    blurred = _separable_blur(maps, kernel) if maps.device.type == "cpu" else _conv_blur(maps, kernel)
     old_max = maps.amax(dim=(1, 2, 3))
     new_max = blurred.amax(dim=(1, 2, 3))
     ratio = torch.where(new_max > 0, old_max / torch.where(new_max > 0, new_max, 1), 1)

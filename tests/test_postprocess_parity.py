@@ -331,3 +331,12 @@ def test_to_hwc() -> None:
     chw = torch.arange(24).view(2, 3, 4)
     assert to_hwc(chw).shape == (3, 4, 2) and to_hwc(chw)[1, 2, 1] == chw[1, 1, 2]
     assert to_hwc(chw[0]).shape == (3, 4)
+
+
+def test_cpu_blur_equals_the_convolution_blur():
+    """The OpenCV blur used on the CPU matches torch's zero-padded separable convolution (float32 rounding)."""
+    from sapiens2.pose import _conv_blur, _gaussian_kernel, _separable_blur
+
+    maps = torch.randn(7, 1, 40, 28, generator=torch.Generator().manual_seed(3))
+    kernel = _gaussian_kernel(11, maps.dtype, maps.device)
+    torch.testing.assert_close(_separable_blur(maps, kernel), _conv_blur(maps, kernel), atol=1e-6, rtol=1e-5)
