@@ -40,29 +40,10 @@ def person_yolo(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def few_persons_yolo(tmp_path_factory) -> str:
-    """A yolo11n .pt (built from its yaml, no download) that finds a few large persons, 2 to 4, in any photo.
+    """A yolo11n .pt that finds a few large persons (2 to 4) in any photo (see write_few_persons_yolo)."""
+    from tiny_models import write_few_persons_yolo
 
-    Its last class and box layers are zeroed and biased: every anchor of the coarsest level scores
-    'person' at 0.88 with the widest box the head can draw, so suppression keeps a few boxes clipped to
-    the photo. Class 0 is named 'person', as the detector requires.
-    """
-    import torch
-    from ultralytics import YOLO
-
-    torch.manual_seed(0)
-    model = YOLO("yolo11n.yaml")
-    head = model.model.model[-1]
-    with torch.no_grad():
-        for level, (box, score) in enumerate(zip(head.cv2, head.cv3, strict=True)):
-            for layer in (box[-1], score[-1]):
-                layer.weight.zero_()
-                layer.bias.fill_(-9.0)
-            box[-1].bias.view(4, head.reg_max)[:, -1] = 9.0
-            score[-1].bias[0] = 2.0 if level == len(head.cv3) - 1 else -9.0
-    model.model.names = {0: "person", **{i: f"class{i}" for i in range(1, 80)}}
-    path = tmp_path_factory.mktemp("yolo") / "few_persons_yolo.pt"
-    model.save(str(path))
-    return str(path)
+    return write_few_persons_yolo(tmp_path_factory.mktemp("yolo") / "few_persons_yolo.pt")
 
 
 @pytest.fixture(scope="session")
