@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import Sapiens2ImageProcessor
 
 from sapiens2.pose import average_flip, decode_keypoints, decode_pose
@@ -334,9 +335,17 @@ def test_to_hwc() -> None:
 
 
 def test_cpu_blur_equals_the_convolution_blur():
-    """The OpenCV blur used on the CPU matches torch's zero-padded separable convolution (float32 rounding)."""
+    """The OpenCV blur used on the CPU matches torch's zero-padded separable convolution."""
     from sapiens2.pose import _conv_blur, _gaussian_kernel, _separable_blur
 
     maps = torch.randn(7, 1, 40, 28, generator=torch.Generator().manual_seed(3))
     kernel = _gaussian_kernel(11, maps.dtype, maps.device)
     torch.testing.assert_close(_separable_blur(maps, kernel), _conv_blur(maps, kernel), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("size", [(97, 41), (300, 217), (20, 17)])
+def test_noisy_logits_take_the_banded_path_and_stay_exact(size):
+    """Logits that disagree between neighbours almost everywhere are resized band by band, exactly."""
+    logits = torch.randn(2, 29, 33, 24, generator=torch.Generator().manual_seed(5))
+    expected = F.interpolate(logits, size=size, mode="bilinear", align_corners=False).argmax(1)
+    torch.testing.assert_close(segmentation_labels(logits, size), expected, rtol=0, atol=0)
