@@ -33,6 +33,7 @@ from .runtime import DEFAULT_BATCH_SIZE, Runtime
 from .tasks import ALL_TASKS, TASKS, Task, get_task
 from .video import (
     VIDEO_EXTENSIONS,
+    VIDEO_FORMATS,
     VideoError,
     detected_persons,
     planned_frames,
@@ -118,11 +119,12 @@ def picture_suffix(title: str) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to write: export kinds (json, png, npy, ply) and whether to write pictures."""
+    """What to write: export kinds (json, png, npy, ply), whether to write pictures, the videos' format."""
 
     exports: frozenset[str]
     pictures: bool
     overwrite: bool
+    video_format: str = "mp4"
 
     def export_suffixes(self, task: Task) -> list[str]:
         return [s for s in EXPORT_SUFFIXES[task.name] if s.rsplit(".", 1)[-1] in self.exports]
@@ -144,7 +146,9 @@ class Plan:
         if not source.is_video:
             return self.image_outputs(task, source)
         writes = {"write_video": self.pictures, "write_json": "json" in self.exports}
-        return video_outputs(source.directory, source.stem, task.name, **writes)
+        return video_outputs(
+            source.directory, source.stem, task.name, video_format=self.video_format, **writes
+        )
 
     def pending(self, task: Task, source: Source) -> bool:
         """True when the source has outputs of `task` to write (all of them, with overwrite)."""
@@ -309,7 +313,7 @@ class Run:
             path for path in self.plan.outputs(task, source) if self.plan.overwrite or not path.exists()
         ]
         writes = {
-            "write_video": any(p.suffix == ".mp4" for p in missing),
+            "write_video": any(p.suffix != ".json" for p in missing),
             "write_json": any(p.suffix == ".json" for p in missing),
         }
         try:
@@ -327,6 +331,7 @@ class Run:
                     max_frames=self.max_frames,
                     stride=self.stride,
                     batch_size=self.batch_size,
+                    video_format=self.plan.video_format,
                     **writes,
                     progress=lambda fraction, _: bar.update(round(fraction * (total or 0)) - bar.n),
                     **self.task_options(task),
@@ -420,9 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run Sapiens2 models on photos, folders of photos and videos.",
         epilog=(
             "Outputs: OUT/<input path under its folder, without extension>_<kind>.<ext>; videos give "
-            "<name>_<task>.mp4 and, for pose, <name>_predictions.json. Exit status: 0 when at least one "
-            "input succeeded (or its outputs were already there), 1 when nothing succeeded, 2 for a usage "
-            "error."
+            "<name>_<task>.mp4 (or .webm) and, for pose, <name>_predictions.json. Exit status: 0 when at "
+            "least one input succeeded (or its outputs were already there), 1 when nothing succeeded, 2 for "
+            "a usage error."
         ),
     )
     parser.add_argument(
@@ -474,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pictures",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="write the pictures (PNG) and, for videos, the MP4 (default on)",
+        help="write the pictures (PNG) and the videos (default on)",
     )
     outputs.add_argument(
         "--exports",
@@ -497,6 +502,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="keep every N-th frame (the video's frame rate is divided by N)",
+    )
+    video.add_argument(
+        "--video-format",
+        choices=list(VIDEO_FORMATS),
+        default="mp4",
+        help="mp4 (mp4v, fast to write) or webm (VP8, plays in web browsers); default mp4",
     )
     return parser
 
@@ -561,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         parser.error(str(error))
     sources, missing = collect_sources(args.inputs, args.out)
-    plan = Plan(exports=args.exports, pictures=args.pictures, overwrite=args.overwrite)
+    plan = Plan(args.exports, args.pictures, args.overwrite, args.video_format)
     options = {name: getattr(args, name) for name in registry_options()}
     run = Run(runtime, plan, args.batch_size, args.size, args.model, options, args.max_frames, args.stride)
     for what, why in missing:

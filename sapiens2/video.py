@@ -1,4 +1,4 @@
-"""Videos: frames decoded on a background thread, run through a task in batches, written back as an MP4.
+"""Videos: frames decoded on a background thread, run through a task in batches, written back as a video.
 
 Frames are read with OpenCV while the model works on the previous batch (a bounded queue between the two),
 so the accelerator does not wait on decoding. The overlay video keeps the source frame rate divided by the
@@ -31,7 +31,9 @@ from .tasks import get_task
 
 VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".avi", ".mkv", ".webm"})
 DEFAULT_MAX_SECONDS = 10.0
-FOURCC = "mp4v"
+# Container -> OpenCV codec. mp4v is fast to write and plays in desktop players; browsers play the VP8
+# WebM without a converter (OpenCV's FFmpeg logs a harmless note about the tag when writing it).
+VIDEO_FORMATS = {"mp4": "mp4v", "webm": "VP80"}
 POSE_JSON_SUFFIX = "_predictions.json"  # as write_pose_frames_json names it
 
 Progress = Callable[[float, str], None]
@@ -59,8 +61,8 @@ class VideoInfo:
 
 @dataclass
 class VideoResult:
-    """A processed video: the MP4 and the pose JSON (None when not written), frames run, the MP4's frame
-    rate, seconds of wall time, persons detected over all frames (pose) and notes for the user."""
+    """A processed video: the video and the pose JSON (None when not written), frames run, the video's
+    frame rate, seconds of wall time, persons detected over all frames (pose) and notes for the user."""
 
     video_path: Path | None
     json_path: Path | None
@@ -206,8 +208,9 @@ class FrameReader:
         self._put(_END)
 
 
-class Mp4Writer:
-    """An MP4 (mp4v) written under a hidden name and renamed into place when complete; RGB frames in."""
+class VideoFileWriter:
+    """A video (codec chosen by the file's extension, see VIDEO_FORMATS) written under a hidden name and
+    renamed into place when complete; RGB frames in."""
 
     def __init__(self, path: Path, fps: float):
         self.path = path
@@ -216,7 +219,7 @@ class Mp4Writer:
         self._writer: cv2.VideoWriter | None = None
         self._size: tuple[int, int] | None = None
 
-    def __enter__(self) -> Mp4Writer:
+    def __enter__(self) -> VideoFileWriter:
         return self
 
     def write(self, rgb: np.ndarray) -> None:
@@ -225,10 +228,11 @@ class Mp4Writer:
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._size = (width, height)
-            fourcc = cv2.VideoWriter_fourcc(*FOURCC)
+            codec = VIDEO_FORMATS[self.path.suffix[1:]]
+            fourcc = cv2.VideoWriter_fourcc(*codec)
             self._writer = cv2.VideoWriter(os.fspath(self._temporary), fourcc, self._fps, self._size)
             if not self._writer.isOpened():
-                raise VideoError(f"OpenCV cannot write an {FOURCC} MP4 at {self.path}")
+                raise VideoError(f"OpenCV cannot write {codec} video at {self.path}")
         if (width, height) != self._size:
             rgb = cv2.resize(rgb, self._size, interpolation=cv2.INTER_AREA)
         self._writer.write(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
@@ -249,11 +253,20 @@ def detected_persons(result: TaskResult) -> list:
 
 
 def video_outputs(
-    out_dir: str | os.PathLike, stem: str, task: str, *, write_video: bool = True, write_json: bool = True
+    out_dir: str | os.PathLike,
+    stem: str,
+    task: str,
+    *,
+    video_format: str = "mp4",
+    write_video: bool = True,
+    write_json: bool = True,
 ) -> list[Path]:
-    """The files process_video writes: out_dir/{stem}_{task}.mp4 and, for pose, {stem}_predictions.json."""
+    """The files process_video writes: out_dir/{stem}_{task}.mp4 (or .webm) and, for pose,
+    {stem}_predictions.json."""
+    if video_format not in VIDEO_FORMATS:
+        raise ValueError(f"video format {video_format!r} is not one of {', '.join(VIDEO_FORMATS)}")
     out_dir = Path(out_dir)
-    paths = [out_dir / f"{stem}_{task}.mp4"] if write_video else []
+    paths = [out_dir / f"{stem}_{task}.{video_format}"] if write_video else []
     return paths + ([out_dir / f"{stem}{POSE_JSON_SUFFIX}"] if task == "pose" and write_json else [])
 
 
@@ -279,6 +292,7 @@ def process_video(
     max_frames: int | None = None,
     stride: int = 1,
     batch_size: int | None = None,
+    video_format: str = "mp4",
     write_video: bool = True,
     write_json: bool = True,
     progress: Progress | None = None,
@@ -286,9 +300,10 @@ def process_video(
 ) -> VideoResult:
     """Run `task` on the frames of a video; writes {stem}_{task}.mp4 and, for pose, {stem}_predictions.json.
 
-    The video shows the task's first picture of each frame. Frames go through the model `batch_size` at a
-    time (default: the runtime's); `stride` keeps every n-th frame; `max_frames` and `max_seconds` (of
-    source time; None for no limit) cut the video short. `progress(fraction, text)` follows each batch.
+    The video shows the task's first picture of each frame, as an mp4v MP4 or, with video_format="webm",
+    a VP8 WebM that browsers play. Frames go through the model `batch_size` at a time (default: the
+    runtime's); `stride` keeps every n-th frame; `max_frames` and `max_seconds` (of source time; None for
+    no limit) cut the video short. `progress(fraction, text)` follows each batch.
     """
     entry = get_task(task)
     values = entry.coerce_options(options)
@@ -297,6 +312,7 @@ def process_video(
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     stem = stem or sanitize_filename(Path(path).stem, default="video")
+    target = video_outputs(out_dir, stem, entry.name, video_format=video_format)[0]
     runtime.model(model or entry.repo_id(size))  # load before the clock starts, and fail before decoding
     capture = _open(path)
     try:
@@ -308,9 +324,7 @@ def process_video(
             source_limit=source_frame_limit(info, max_seconds),
             queue_size=2 * batch_size,
         )
-        sink = (
-            Mp4Writer(video_outputs(out_dir, stem, entry.name)[0], info.fps / stride) if write_video else None
-        )
+        sink = VideoFileWriter(target, info.fps / stride) if write_video else None
         total = planned_frames(info, stride=stride, max_frames=max_frames, max_seconds=max_seconds)
         start = time.perf_counter()
         with reader, sink or contextlib.nullcontext():
@@ -349,7 +363,7 @@ def _run_frames(
     runtime: Runtime,
     task: str,
     reader: FrameReader,
-    sink: Mp4Writer | None,
+    sink: VideoFileWriter | None,
     *,
     batch_size: int,
     total: int | None,

@@ -196,6 +196,11 @@ def test_videos_through_the_command_line(photos, setup_args, tmp_path):
     assert status == EXIT_OK and "1 file written" in printed and "1 already there" in printed
     assert video.stat().st_mtime_ns == written and (out / "walk_predictions.json").is_file()
 
+    status, _ = run_cli(
+        "segment", clips / "walk.mp4", "--out", out, "--max-frames", 1, "--video-format", "webm", *setup_args
+    )
+    assert status == EXIT_OK and len(read_video(out / "walk_segment.webm")[0]) == 1
+
 
 def test_nothing_succeeded_exits_with_status_1(photos, setup_args, tmp_path, capsys):
     status, printed = run_cli(

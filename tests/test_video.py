@@ -130,6 +130,16 @@ def test_stride_and_limits_choose_the_frames(runtime, clip, tmp_path, options, f
     )
 
 
+def test_a_webm_for_browsers(runtime, clip, tmp_path):
+    path, _ = clip
+    result = process_video(runtime, "segment", path, tmp_path, max_frames=3, video_format="webm")
+    assert result.files == [tmp_path / "walk_segment.webm"]
+    frames, fps = read_video(result.video_path)
+    assert len(frames) == 3 and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
+    with pytest.raises(ValueError, match="not one of mp4, webm"):
+        process_video(runtime, "segment", path, tmp_path, video_format="gif")
+
+
 class FakeCapture:
     """Stands in for cv2.VideoCapture: numbered frames, recording which thread decodes and what is skipped."""
 
