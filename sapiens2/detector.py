@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import torch
 
 from sapiens2.errors import ConfigError, Sapiens2Error
 
@@ -190,7 +191,15 @@ class YoloPersonDetector:
         with self._lock:
             if self._model is None:
                 self._model = self._load()
-            result = self._model.predict(bgr, conf=self.conf, iou=self.iou, device=self.device, verbose=False)
+            # ultralytics lowers torch's thread count for the whole process on its first prediction;
+            # keep the count the Sapiens2 models run with.
+            threads = torch.get_num_threads()
+            try:
+                result = self._model.predict(
+                    bgr, conf=self.conf, iou=self.iou, device=self.device, verbose=False
+                )
+            finally:
+                torch.set_num_threads(threads)
         boxes = result[0].boxes
         return select_persons(
             boxes.xyxy.cpu().numpy(),

@@ -57,10 +57,11 @@ class Task:
         return self.runner(runtime, self, images, repo_id, options, progress)
 
     def helper_repo_id(self, repo_id: str) -> str | None:
-        """The body-part model paired with `repo_id` (same size, else the smallest), if the task uses one."""
+        """The body-part model paired with `repo_id` (same size, else the smallest, as for a checkpoint given
+        by path), if the task uses one."""
         if not self.helper_repos:
             return None
-        size = next(s for s, r in self.repos.items() if r == repo_id)
+        size = next((s for s, r in self.repos.items() if r == repo_id), None)
         return self.helper_repos.get(size) or next(iter(self.helper_repos.values()))
 
     def repo_ids_needed(self, size: str | None) -> list[str]:

@@ -145,3 +145,12 @@ def test_real_model_cap_and_fallback(tiny_yolo, photo):
     np.testing.assert_array_equal(nobody.boxes_xywh, [[0, 0, photo.shape[1], photo.shape[0]]])
     with pytest.raises(DetectorError):
         YoloPersonDetector(tiny_yolo).detect(photo[..., 0])
+
+
+def test_detection_keeps_torch_thread_count(tiny_yolo, photo):
+    """ultralytics lowers torch's thread count on its first prediction; the detector puts it back."""
+    import torch
+
+    before = torch.get_num_threads()
+    YoloPersonDetector(tiny_yolo).detect(photo)
+    assert torch.get_num_threads() == before

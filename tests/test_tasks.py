@@ -68,6 +68,9 @@ def test_registry_declares_each_task_once_with_its_sizes():
     assert get_task("pose").repo_id("1b") == "facebook/sapiens2-pose-1b"
     with pytest.raises(ValueError, match="no 0.1b model"):
         get_task("pose").repo_id("0.1b")
+    normals = get_task("normals")
+    assert normals.helper_repo_id("facebook/sapiens2-normal-1b") == "facebook/sapiens2-seg-1b"
+    assert normals.helper_repo_id("/models/my-normal-checkpoint") == "facebook/sapiens2-seg-0.4b"
     with pytest.raises(ValueError, match="no option"):
         get_task("segment").coerce_options({"colour": 1})
     with pytest.raises(ValueError, match="between 0.0 and 1.0"):
