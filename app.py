@@ -27,6 +27,7 @@ from sapiens2.results import TaskResult
 from sapiens2.runtime import Runtime
 from sapiens2.scratch import ScratchSpace
 from sapiens2.tasks import ALL_TASKS, TASKS, Task, get_task
+from sapiens2.video import DEFAULT_MAX_SECONDS, process_video
 from sapiens2.visualize import grid
 
 try:  # On a Hugging Face ZeroGPU Space, this lends the function a GPU for the length of each call.
@@ -87,6 +88,8 @@ def build_app(runtime: Runtime, scratch: ScratchSpace | None = None) -> gr.Block
                     _task_tab(task, runtime, scratch)
             with gr.Tab("All tasks", id="all"):
                 _overview_tab(runtime, scratch)
+            with gr.Tab("Video", id="video"):
+                _video_tab(runtime, scratch)
             with gr.Tab("Live webcam", id="live"):
                 _live_tab(runtime)
         gr.Markdown(LICENCE, elem_classes="studio-note")
@@ -201,6 +204,54 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
     )
 
 
+def _video_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
+    """A short clip through a chosen task, frame by frame; endpoint /video."""
+    limit = f"{DEFAULT_MAX_SECONDS:g} s"
+    gr.Markdown(f"### Video\nA short clip through one task; the first {limit} are processed.")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2):
+            clip = gr.Video(label="Clip", sources=["upload"], elem_id="video-clip")
+            choice = gr.Radio(
+                [(task.title, task.name) for task in TASKS.values()], value="pose", label="Task"
+            )
+            sizes = list(dict.fromkeys(size for task in TASKS.values() for size in task.repos))
+            size = gr.Dropdown(
+                sizes, value=sizes[0], label="Model size", info="Tasks without it use their default."
+            )
+            button = gr.Button("Run on the video", variant="primary", elem_id="video-run")
+        with gr.Column(scale=3):
+            shown = gr.Video(label="Result", interactive=False, elem_id="video-result")
+            summary = gr.Markdown()
+            files = gr.File(label="Downloads", file_count="multiple", interactive=False, height=160)
+
+    def run_video(video: Any, task: str = "pose", size: str = sizes[0], progress: gr.Progress = PROGRESS):
+        path = video
+        if not path:
+            raise gr.Error("Please upload a video clip first.", print_exception=False)
+        entry = get_task(task)
+        with _user_errors():
+            result = _process_video(
+                runtime,
+                task,
+                path,
+                scratch.new_folder(),
+                size if size in entry.repos else None,
+                _reporter(progress),
+            )
+        line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second."
+        summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
+        return str(result.video_path), summary_text, [str(p) for p in result.files]
+
+    button.click(
+        run_video,
+        inputs=[clip, choice, size],
+        outputs=[shown, summary, files],
+        api_name="video",
+        api_description="A short clip through one task; returns the processed video and its files.",
+        concurrency_id=MODEL_EVENTS,
+    )
+
+
 def _live_tab(runtime: Runtime) -> None:
     """Webcam frames streamed through a chosen task with its smallest model, with the frame rate."""
     gr.Markdown(
@@ -293,6 +344,21 @@ def _predict(
 @gpu
 def _overview(runtime: Runtime, image: Any, size: str | None, progress) -> list[TaskResult]:
     return runtime.run_all(image, size=size, progress=progress)
+
+
+@gpu
+def _process_video(runtime: Runtime, task: str, path: str, folder: Path, size: str | None, progress):
+    # WebM (VP8): browsers play it as written, and OpenCV here cannot write H.264.
+    return process_video(
+        runtime,
+        task,
+        path,
+        folder,
+        size=size,
+        max_seconds=DEFAULT_MAX_SECONDS,
+        video_format="webm",
+        progress=progress,
+    )
 
 
 def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callable:

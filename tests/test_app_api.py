@@ -240,3 +240,15 @@ def test_command_line_defaults_to_this_machine_only(monkeypatch):
         8000,
         True,
     )
+
+
+def test_video_tab_returns_the_processed_clip(client, tmp_path):
+    from test_video import HEIGHT, WIDTH, read_video, write_clip
+
+    clip = tmp_path / "walk.mp4"
+    write_clip(clip, count=3)
+    video, summary, files = client.predict(handle_file(str(clip)), task="segment", api_name="/video")
+    frames, _ = read_video(Path(video["video"] if isinstance(video, dict) else video))
+    assert len(frames) == 3 and frames[0].shape == (HEIGHT, WIDTH, 3)
+    assert summary.startswith("3 frames at")
+    assert any(Path(path).suffix == ".webm" for path in files)
