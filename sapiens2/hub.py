@@ -41,6 +41,7 @@ CHECKPOINT_DIR_ENV = "SAPIENS2_CHECKPOINT_DIR"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+PROCESSOR_CONFIG_NAME = "preprocessor_config.json"
 # Original checkpoints store the RoPE periods, which the model recomputes from the config.
 IGNORED_SUFFIXES = ("rope_embed.periods",)
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -138,6 +139,26 @@ def resolve_checkpoint(
     if not _is_repo_id(text):
         raise CheckpointNotFoundError(f"{text}: no such file or directory")
     return _resolve_hub(text, revision, progress)
+
+
+def processor_config_dir(repo_id: str, revision: str | None = None) -> Path | None:
+    """The folder holding `repo_id`'s preprocessor_config.json (fetched if needed), or None if it has none.
+
+    Never raises: a repo without the file, or one that cannot be reached, uses the task's defaults.
+    """
+    local = _env_repo_dir(repo_id) if _is_repo_id(repo_id) else None
+    if local is not None:
+        return local if (local / PROCESSOR_CONFIG_NAME).is_file() else None
+    path = Path(repo_id).expanduser()
+    if path.is_dir() or path.is_file():
+        folder = path if path.is_dir() else path.parent
+        return folder if (folder / PROCESSOR_CONFIG_NAME).is_file() else None
+    if not _is_repo_id(repo_id):
+        return None
+    try:
+        return _fetch(repo_id, PROCESSOR_CONFIG_NAME, revision, None).parent
+    except CheckpointError:
+        return None
 
 
 def checkpoint_download_size(repo_id: str, revision: str | None = None) -> int | None:

@@ -71,11 +71,7 @@ class Runtime:
     def settings(self, repo_id: str, task: str) -> ProcessorSettings:
         """The repo's preprocessing: its preprocessor_config.json when available, else the task's defaults."""
         if repo_id not in self._settings:
-            try:
-                checkpoint = hub.resolve_checkpoint(repo_id)
-                directory = checkpoint.config_path.parent if checkpoint.config_path else None
-            except hub.CheckpointError:
-                directory = None
+            directory = hub.processor_config_dir(repo_id)
             if directory is None:
                 self._settings[repo_id] = ProcessorSettings.for_task(task)
             else:

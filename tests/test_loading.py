@@ -464,3 +464,19 @@ def test_repo_without_weights_is_not_found(monkeypatch, no_checkpoint_dir, pose_
     monkeypatch.setattr(hub, "hf_hub_download", fake_download)
     with pytest.raises(CheckpointNotFoundError, match=rf"{REPO} has no file model.safetensors"):
         sapiens2.from_pretrained(REPO, device="cpu")
+
+
+def test_processor_config_dir_finds_the_file_or_answers_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAPIENS2_CHECKPOINT_DIR", str(tmp_path / "mirror"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-home"))
+    with_file = tmp_path / "mirror" / "facebook" / "sapiens2-normal-0.4b"
+    without = tmp_path / "mirror" / "facebook" / "sapiens2-seg-0.4b"
+    for folder in (with_file, without):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    (with_file / "preprocessor_config.json").write_text('{"do_pad": true}')
+    assert hub.processor_config_dir("facebook/sapiens2-normal-0.4b") == with_file
+    assert hub.processor_config_dir("facebook/sapiens2-seg-0.4b") is None
+    assert hub.processor_config_dir(str(with_file)) == with_file
+    assert hub.processor_config_dir("facebook/sapiens2-pose-0.4b") is None  # offline, nothing cached
