@@ -44,15 +44,6 @@ from .video import (
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 EXIT_OK, EXIT_NOTHING_SUCCEEDED = 0, 1  # argparse exits with 2 on usage errors
-# Files each task's exports write after the input's stem (tests check them against the exporters).
-EXPORT_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "pose": ("_pose.json",),
-    "segment": ("_segmentation.png", "_segmentation.npy"),
-    "normals": ("_normals.npy",),
-    "depth": ("_depth.npy", "_points.ply"),
-    "matting": ("_alpha.png", "_cutout.png", "_composite.png"),
-    "features": ("_cls.npy", "_patches.npy"),
-}
 EXPORT_KINDS = ("json", "png", "npy", "ply")
 # Errors that concern the task's model or detector rather than one input: the task stops there.
 TASK_ERRORS = (CheckpointError, DetectorError, ConfigError)
@@ -127,7 +118,7 @@ class Plan:
     video_format: str = "mp4"
 
     def export_suffixes(self, task: Task) -> list[str]:
-        return [s for s in EXPORT_SUFFIXES[task.name] if s.rsplit(".", 1)[-1] in self.exports]
+        return [s for s in task.export_suffixes if s.rsplit(".", 1)[-1] in self.exports]
 
     def picture_suffixes(self, task: Task) -> dict[str, str]:
         """Picture title -> file suffix; a picture that an export writes under the same name is left to it."""

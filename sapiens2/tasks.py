@@ -31,12 +31,18 @@ class Task:
     default_size: str
     options: tuple[Option, ...]
     picture_titles: tuple[str, ...]
-    export_kinds: tuple[str, ...]
+    # The files its exports write, after the photo's stem: "_pose.json", "_points.ply", ...
+    export_suffixes: tuple[str, ...]
     runner: Runner
     in_overview: bool = True
     # Another model some options use: the body-part model masking normals and depth.
     helper_repos: Mapping[str, str] | None = None
     helper_option: str | None = None
+
+    @property
+    def export_kinds(self) -> tuple[str, ...]:
+        """File types of the exports: "json", "png", "npy", "ply"."""
+        return tuple(dict.fromkeys(suffix.rsplit(".", 1)[-1] for suffix in self.export_suffixes))
 
     def repo_id(self, size: str | None) -> str:
         """The checkpoint for `size` (default: the task's default size); unknown sizes are refused."""
@@ -115,7 +121,7 @@ def _build_registry() -> dict[str, Task]:
             "0.4b",
             pose.OPTIONS,
             ("Keypoints",),
-            ("json",),
+            ("_pose.json",),
             pose.run,
         ),
         Task(
@@ -126,7 +132,7 @@ def _build_registry() -> dict[str, Task]:
             "0.4b",
             segment.OPTIONS,
             ("Body parts", "Legend"),
-            ("png", "npy"),
+            ("_segmentation.png", "_segmentation.npy"),
             segment.run,
         ),
         Task(
@@ -137,7 +143,7 @@ def _build_registry() -> dict[str, Task]:
             "0.4b",
             (background,),
             ("Normals",),
-            ("npy",),
+            ("_normals.npy",),
             normals.run,
             helper_repos=seg_repos,
             helper_option="remove_background",
@@ -150,7 +156,7 @@ def _build_registry() -> dict[str, Task]:
             "0.4b",
             (background,),
             ("Depth",),
-            ("npy", "ply"),
+            ("_depth.npy", "_points.ply"),
             depth.run,
             helper_repos=seg_repos,
             helper_option="remove_background",
@@ -163,7 +169,7 @@ def _build_registry() -> dict[str, Task]:
             "1b",
             matting.OPTIONS,
             ("Alpha", "Cut-out", "Composite"),
-            ("png",),
+            ("_alpha.png", "_cutout.png", "_composite.png"),
             matting.run,
         ),
         Task(
@@ -174,7 +180,7 @@ def _build_registry() -> dict[str, Task]:
             "0.1b",
             (),
             ("Features (PCA)",),
-            ("npy",),
+            ("_cls.npy", "_patches.npy"),
             features.run,
             in_overview=False,
         ),

@@ -19,15 +19,6 @@ from sapiens2.cache import ModelCache, model_bytes
 from sapiens2.tasks import TASKS
 
 KEYPOINTS = 308
-# The files each endpoint offers for download, after the photo's own name.
-EXPORTS = {
-    "pose": ["_pose.json"],
-    "segment": ["_segmentation.npy", "_segmentation.png"],
-    "normals": ["_normals.npy"],
-    "depth": ["_depth.npy", "_points.ply"],
-    "matting": ["_alpha.png", "_composite.png", "_cutout.png"],
-    "features": ["_cls.npy", "_patches.npy"],
-}
 # Pictures that are not drawn over the photo, so need not have its size.
 FREE_SIZE_PICTURES = {"Legend"}
 
@@ -105,7 +96,7 @@ def test_every_task_endpoint_returns_full_size_pictures_and_its_files(client, in
     assert isinstance(summary, str)
     assert timing.endswith("cpu · fp32") and "model" in timing.lower()
     stem = photo.stem
-    assert sorted(Path(path).name.removeprefix(stem) for path in files) == EXPORTS[task]
+    assert sorted(Path(path).name.removeprefix(stem) for path in files) == sorted(TASKS[task].export_suffixes)
     for path in files:
         check_export(path, stem, photo_size(photo))
     if "ply" in entry.export_kinds:
@@ -126,16 +117,20 @@ def test_all_tasks_endpoint_puts_the_five_pictures_side_by_side(client):
         assert TASKS[name].title in timing
     names = {Path(path).name for path in files}
     assert {
-        f"{photo.stem}{suffix}" for name in EXPORTS if name != "features" for suffix in EXPORTS[name]
+        f"{photo.stem}{suffix}"
+        for name in TASKS
+        if name != "features"
+        for suffix in TASKS[name].export_suffixes
     } == names
 
 
 def test_endpoints_have_stable_names_and_only_the_image_is_required(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert set(endpoints) == {f"/{name}" for name in TASKS} | {"/all"}
+    assert set(endpoints) == {f"/{name}" for name in TASKS} | {"/all", "/video"}
     for name, info in endpoints.items():
         first, *rest = info["parameters"]
-        assert first["parameter_name"] == "image" and not first["parameter_has_default"], name
+        expected = "video" if name == "/video" else "image"
+        assert first["parameter_name"] == expected and not first["parameter_has_default"], name
         assert rest and all(parameter["parameter_has_default"] for parameter in rest), name
     pose = [parameter["parameter_name"] for parameter in endpoints["/pose"]["parameters"]]
     assert pose == ["image", "size", *(option.name for option in TASKS["pose"].options)]

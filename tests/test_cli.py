@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_video import read_video, write_clip
 
-from sapiens2.cli import EXIT_NOTHING_SUCCEEDED, EXIT_OK, EXPORT_SUFFIXES, build_parser, main, picture_suffix
+from sapiens2.cli import EXIT_NOTHING_SUCCEEDED, EXIT_OK, build_parser, main, picture_suffix
 from sapiens2.hub import CHECKPOINT_DIR_ENV
 from sapiens2.runtime import Runtime
 from sapiens2.tasks import ALL_TASKS, TASKS
@@ -34,7 +34,7 @@ def run_cli(*argv: str) -> tuple[int, str]:
 
 def expected_files(task: str, stem: str) -> set[str]:
     """The files a photo gets from `task` with every export and picture, as main's layout names them."""
-    exports = {f"{stem}{suffix}" for suffix in EXPORT_SUFFIXES[task]}
+    exports = {f"{stem}{suffix}" for suffix in TASKS[task].export_suffixes}
     pictures = {f"{stem}{picture_suffix(title)}.png" for title in TASKS[task].picture_titles}
     return exports | pictures
 
@@ -117,7 +117,7 @@ def test_export_suffixes_match_what_each_task_writes(small_mirror, few_persons_y
     photo = np.zeros((64, 48, 3), dtype=np.uint8)
     for name in TASKS:
         written = runtime.run(name, photo).export(tmp_path, "x")
-        assert sorted(path.name[1:] for path in written) == sorted(EXPORT_SUFFIXES[name]), name
+        assert sorted(path.name[1:] for path in written) == sorted(TASKS[name].export_suffixes), name
 
 
 def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
