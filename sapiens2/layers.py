@@ -21,8 +21,8 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 def rms_normalize(x: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dimension, computed in float32, returned in x's dtype."""
     x32 = x.float()
-    inv_rms = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square_().div_(x.shape[-1])
-    return (x32 * inv_rms.add_(eps).rsqrt_()).to(x.dtype)
+    mean_square = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+    return (x32 * mean_square.add_(eps).rsqrt_()).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
