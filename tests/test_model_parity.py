@@ -1,4 +1,4 @@
-"""Every model class against transformers' Sapiens2 in float32, from one checkpoint saved by transformers."""
+"""Every model class against transformers' Sapiens2 in float32, both loading one save_pretrained output."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
-from tiny_models import tiny_config, write_tiny_checkpoint, write_transformers_checkpoint
+from tiny_models import ALL_REPO_IDS, tiny_config, write_tiny_checkpoint, write_transformers_checkpoint
 
-from sapiens2.config import Sapiens2Config, load_config
+from sapiens2 import from_pretrained
+from sapiens2.config import Sapiens2Config
 from sapiens2.errors import ConfigError
 from sapiens2.models import build_model
 
@@ -46,9 +46,7 @@ CASES = {
 
 
 def load_ours(directory: Path) -> torch.nn.Module:
-    model = build_model(load_config(directory))
-    model.load_state_dict(load_file(directory / "model.safetensors"), strict=True)
-    return model
+    return from_pretrained(directory, device="cpu", dtype=torch.float32)
 
 
 def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
@@ -127,3 +125,18 @@ def test_unsupported_head_value_names_field():
     config["head_config"]["scale_final_hidden_sizes"] = [8, 4, 2]
     with pytest.raises(ConfigError, match=r"head_config\.scale_final_hidden_sizes.*\[8, 4, 2\]"):
         Sapiens2Config.from_dict(config)
+
+
+def test_tiny_mirror_has_every_official_repo(tiny_mirror):
+    models = {repo_id: from_pretrained(tiny_mirror / repo_id, device="cpu") for repo_id in ALL_REPO_IDS}
+    small = torch.zeros(1, 3, 64, 48)
+    with torch.inference_mode():
+        assert models["facebook/sapiens2-pose-1b"](small).heatmaps.shape == (1, 308, 16, 12)
+        assert models["facebook/sapiens2-seg-5b"](small).logits.shape == (1, 29, 64, 48)
+        assert models["facebook/sapiens2-matting-1b"](small).alphas.shape == (1, 1, 64, 48)
+        # The scale branch's flattened input size fixes the pointmap input to about 1024x768.
+        pointmap = models["facebook/sapiens2-pointmap-0.4b"](torch.zeros(1, 3, 1024, 768))
+    assert pointmap.scales.shape == (1, 1)
+    assert all(
+        (tiny_mirror / repo_id / "model.safetensors").stat().st_size < 2_000_000 for repo_id in ALL_REPO_IDS
+    )
