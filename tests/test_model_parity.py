@@ -12,6 +12,7 @@ from tiny_models import ALL_REPO_IDS, tiny_config, write_tiny_checkpoint, write_
 from sapiens2 import from_pretrained
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import ConfigError
+from sapiens2.layers import Linear
 from sapiens2.models import build_model
 
 TOLERANCE = 1e-5
@@ -140,3 +141,16 @@ def test_tiny_mirror_has_every_official_repo(tiny_mirror):
     assert all(
         (tiny_mirror / repo_id / "model.safetensors").stat().st_size < 2_000_000 for repo_id in ALL_REPO_IDS
     )
+
+
+def test_linear_matches_torch_with_and_without_gradients():
+    layer = Linear(16, 8)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    with torch.inference_mode():
+        assert relative_error(layer(x.detach()), expected.detach()) <= TOLERANCE
+    layer(x).square().sum().backward()
+    mine = x.grad.clone()
+    x.grad = None
+    expected.square().sum().backward()
+    assert torch.allclose(mine, x.grad)
