@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ class Runtime:
         *,
         device: str | None = None,
         dtype: str | None = None,
-        detector: str | PersonDetector | None = None,
+        detector: str | os.PathLike | PersonDetector | None = None,
         cache: ModelCache | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
     ):
@@ -47,10 +48,10 @@ class Runtime:
             budget_bytes=budget_from_env(self.device),
             estimate=lambda repo_id: model_bytes_estimate(repo_id, self.dtype),
         )
-        self._detector_source = detector
-        self._detector: PersonDetector | None = (
-            detector if not isinstance(detector, (str, type(None))) else None
-        )
+        # A detector object is used as given; a model name or .pt path (or None) is loaded on first use.
+        by_name = detector is None or isinstance(detector, (str, os.PathLike))
+        self._detector_source = detector if by_name else None
+        self._detector: PersonDetector | None = None if by_name else detector
         self._detector_lock = threading.Lock()
         self._settings: dict[str, ProcessorSettings] = {}
 
