@@ -70,3 +70,13 @@ def small_mirror(tiny_mirror, tmp_path_factory):
         settings = {"size": {"height": 256, "width": 192}, "do_pad": padded}
         (root / repo_id / "preprocessor_config.json").write_text(json.dumps(settings))
     return root
+
+
+@pytest.fixture(scope="module")
+def server(tiny_mirror, tmp_path_factory):
+    """The real app on a free local port with the tiny checkpoints and a tiny detector, one per module."""
+    from app_server import running_app, tiny_detector
+
+    detector = tiny_detector(tmp_path_factory.mktemp("detector"))
+    with running_app(tiny_mirror, detector, tmp_path_factory.mktemp("scratch")) as running:
+        yield running

@@ -24,13 +24,6 @@ FREE_SIZE_PICTURES = {"Legend"}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_mirror, tmp_path_factory):
-    detector = tiny_detector(tmp_path_factory.mktemp("detector"))
-    with running_app(tiny_mirror, detector, tmp_path_factory.mktemp("scratch")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def client(server):
     return server.client()
 

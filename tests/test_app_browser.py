@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from app_server import PHOTOS, running_app, tiny_detector
+from app_server import PHOTOS
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
@@ -20,13 +20,6 @@ pytestmark = [
         not CHROMIUM.exists(), reason="Debian's chromium is not installed (apt-get install chromium)"
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def server(tiny_mirror, tmp_path_factory):
-    detector = tiny_detector(tmp_path_factory.mktemp("detector"))
-    with running_app(tiny_mirror, detector, tmp_path_factory.mktemp("scratch")) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
