@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ..images import LoadedImage
 from ..processing import ProcessorSettings, preprocess
-from ..results import Timings
+from ..results import TaskResult, Timings
 
 
 def model_sizes(images: Sequence[LoadedImage]) -> list[tuple[int, int]]:
@@ -35,3 +35,19 @@ def forward_photos(
 def rows(outputs: dict[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:
     """Photo `index`'s slice (kept batched, 1 x ...) of every output."""
     return {name: value[index : index + 1] for name, value in outputs.items()}
+
+
+def photo_results(
+    images: Sequence[LoadedImage], timings: Timings, make: Callable[[int, LoadedImage], TaskResult]
+) -> list[TaskResult]:
+    """One result per photo from `make(index, image)`, timed as post-processing, each carrying its share of
+    the batch's `timings` too."""
+    share = timings.share(len(images))
+    results = []
+    for index, image in enumerate(images):
+        post = Timings()
+        with post.measure("post"):
+            result = make(index, image)
+        result.timings = Timings(share.detection, share.model, share.post + post.post)
+        results.append(result)
+    return results

@@ -11,8 +11,8 @@ from ..images import LoadedImage
 from ..postprocess import pointmap_to_image, to_hwc
 from ..results import TaskResult, Timings
 from ..visualize import depth_picture
-from .common import forward_photos, model_sizes, rows
-from .normals import background_masks
+from .common import forward_photos, model_sizes, photo_results, rows
+from .segment import background_masks
 
 
 def _exporter(points: np.ndarray, rgb: np.ndarray, foreground: np.ndarray):
@@ -30,27 +30,23 @@ def run(
     timings = Timings()
     outputs, settings = forward_photos(runtime, repo_id, "pointmap", images, timings, progress)
     masks = background_masks(runtime, task, images, repo_id, options, timings, progress)
-    share = timings.share(len(images))
-    results = []
-    for index, (image, size, mask) in enumerate(zip(images, model_sizes(images), masks, strict=True)):
-        post = Timings()
-        with post.measure("post"):
-            output = rows(outputs, index)
-            pointmap = pointmap_to_image(
-                output["pointmaps"], output.get("scales"), size, settings, image.original_size
-            )
-            points = np.ascontiguousarray(to_hwc(pointmap[0]))
-            foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
-            picture = depth_picture(points[..., 2], foreground)
-        results.append(
-            TaskResult(
-                task=task.name,
-                model_id=repo_id,
-                pictures=[("Depth", picture)],
-                prediction=points,
-                exporter=_exporter(points, image.rgb, foreground),
-                summary=f"{int(foreground.sum())} foreground points.",
-                timings=Timings(share.detection, share.model, share.post + post.post),
-            )
+    sizes = model_sizes(images)
+
+    def make(index: int, image: LoadedImage) -> TaskResult:
+        output = rows(outputs, index)
+        pointmap = pointmap_to_image(
+            output["pointmaps"], output.get("scales"), sizes[index], settings, image.original_size
         )
-    return results
+        points = np.ascontiguousarray(to_hwc(pointmap[0]))
+        mask = masks[index]
+        foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
+        return TaskResult(
+            task=task.name,
+            model_id=repo_id,
+            pictures=[("Depth", depth_picture(points[..., 2], foreground))],
+            prediction=points,
+            exporter=_exporter(points, image.rgb, foreground),
+            summary=f"{int(foreground.sum())} foreground points.",
+        )
+
+    return photo_results(images, timings, make)

@@ -8,7 +8,7 @@ from ..export import write_features
 from ..images import LoadedImage
 from ..results import TaskResult, Timings
 from ..visualize import pca_picture
-from .common import forward_photos
+from .common import forward_photos, photo_results
 
 
 def run(
@@ -16,29 +16,20 @@ def run(
 ) -> list[TaskResult]:
     timings = Timings()
     outputs, settings = forward_photos(runtime, repo_id, "features", images, timings, progress)
-    model = runtime.model(repo_id)
-    patch = model.config.patch_size
+    patch = runtime.model(repo_id).config.patch_size
     rows, columns = settings.height // patch[0], settings.width // patch[1]
     tokens = outputs["last_hidden_state"]
-    share = timings.share(len(images))
-    results = []
-    for index, image in enumerate(images):
-        post = Timings()
-        with post.measure("post"):
-            cls = tokens[index, 0].cpu().numpy()
-            patches = tokens[index, -rows * columns :].T.reshape(-1, rows, columns).cpu().numpy()
-            picture = pca_picture(patches, image.original_size)
-        results.append(
-            TaskResult(
-                task=task.name,
-                model_id=repo_id,
-                pictures=[("Features (PCA)", picture)],
-                prediction=(cls, patches),
-                exporter=lambda directory, stem, cls=cls, patches=patches: write_features(
-                    directory, stem, cls, patches
-                ),
-                summary=f"{patches.shape[0]}-dimensional features on a {rows}x{columns} patch grid.",
-                timings=Timings(share.detection, share.model, share.post + post.post),
-            )
+
+    def make(index: int, image: LoadedImage) -> TaskResult:
+        cls = tokens[index, 0].cpu().numpy()
+        patches = tokens[index, -rows * columns :].T.reshape(-1, rows, columns).cpu().numpy()
+        return TaskResult(
+            task=task.name,
+            model_id=repo_id,
+            pictures=[("Features (PCA)", pca_picture(patches, image.original_size))],
+            prediction=(cls, patches),
+            exporter=lambda directory, stem: write_features(directory, stem, cls, patches),
+            summary=f"{patches.shape[0]}-dimensional features on a {rows}x{columns} patch grid.",
         )
-    return results
+
+    return photo_results(images, timings, make)

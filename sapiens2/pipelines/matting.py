@@ -12,7 +12,7 @@ from ..options import Option
 from ..postprocess import composite, matting_to_image, to_hwc
 from ..results import TaskResult, Timings
 from ..visualize import alpha_picture, cutout_on_checkerboard
-from .common import forward_photos, rows
+from .common import forward_photos, photo_results, rows
 
 OPTIONS = (
     Option("background_color", "Background colour", "color", "#00b140"),
@@ -43,28 +43,22 @@ def run(
     timings = Timings()
     background = _background(options)
     outputs, _ = forward_photos(runtime, repo_id, "matting", images, timings, progress)
-    share = timings.share(len(images))
-    results = []
-    for index, image in enumerate(images):
-        post = Timings()
-        with post.measure("post"):
-            output = rows(outputs, index)
-            foreground, alpha = matting_to_image(output["foregrounds"], output["alphas"], image.original_size)
-            blended = to_hwc(composite(foreground, alpha, background)[0])
-            matte = to_hwc(alpha[0, 0])
-            pictures = [
+
+    def make(index: int, image: LoadedImage) -> TaskResult:
+        output = rows(outputs, index)
+        foreground, alpha = matting_to_image(output["foregrounds"], output["alphas"], image.original_size)
+        blended = to_hwc(composite(foreground, alpha, background)[0])
+        matte = to_hwc(alpha[0, 0])
+        return TaskResult(
+            task=task.name,
+            model_id=repo_id,
+            pictures=[
                 ("Alpha", alpha_picture(matte)),
                 ("Cut-out", cutout_on_checkerboard(image.rgb, matte)),
                 ("Composite", blended),
-            ]
-        results.append(
-            TaskResult(
-                task=task.name,
-                model_id=repo_id,
-                pictures=pictures,
-                prediction=matte,
-                exporter=_exporter(image.rgb, matte, blended),
-                timings=Timings(share.detection, share.model, share.post + post.post),
-            )
+            ],
+            prediction=matte,
+            exporter=_exporter(image.rgb, matte, blended),
         )
-    return results
+
+    return photo_results(images, timings, make)

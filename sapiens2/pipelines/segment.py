@@ -15,7 +15,7 @@ from ..options import Option
 from ..postprocess import segmentation_labels
 from ..results import TaskResult, Timings
 from ..visualize import overlay_segmentation, segmentation_legend
-from .common import forward_photos
+from .common import forward_photos, photo_results
 
 OPTIONS = (Option("opacity", "Overlay opacity", "slider", 0.6, 0.0, 1.0, 0.05),)
 
@@ -44,29 +44,35 @@ def _meta_for(names: tuple[str, ...]) -> BodyPartMeta:
     return meta.with_names(names) if all(names) else meta
 
 
+def background_masks(
+    runtime, task, images, repo_id: str, options: dict, timings: Timings, progress=None
+) -> list[np.ndarray | None]:
+    """True where the body-part model sees background, when the option asks for it; else None per photo."""
+    if not options.get(task.helper_option):
+        return [None] * len(images)
+    labels = body_part_labels(runtime, images, task.helper_repo_id(repo_id), timings, progress)
+    return [seg == 0 for seg in labels]
+
+
 def run(
     runtime, task, images: Sequence[LoadedImage], repo_id: str, options: dict, progress=None
 ) -> list[TaskResult]:
     timings = Timings()
     labels = body_part_labels(runtime, images, repo_id, timings, progress)
     meta = class_meta(runtime, repo_id)
-    share = timings.share(len(images))
-    results = []
-    for image, seg in zip(images, labels, strict=True):
-        post = Timings()
-        with post.measure("post"):
-            overlay = overlay_segmentation(image.rgb, seg, meta.palette, options["opacity"])
-            legend = segmentation_legend(seg, meta)
+
+    def make(index: int, image: LoadedImage) -> TaskResult:
+        seg = labels[index]
+        overlay = overlay_segmentation(image.rgb, seg, meta.palette, options["opacity"])
+        legend = segmentation_legend(seg, meta)
         present = int((np.bincount(seg.ravel(), minlength=len(meta.names))[1:] > 0).sum())
-        results.append(
-            TaskResult(
-                task=task.name,
-                model_id=repo_id,
-                pictures=[("Body parts", overlay), ("Legend", legend)],
-                prediction=seg,
-                exporter=lambda directory, stem, seg=seg: write_segmentation(directory, stem, seg),
-                summary=f"{present} body-part classes found." if present else "No person pixels found.",
-                timings=Timings(share.detection, share.model, share.post + post.post),
-            )
+        return TaskResult(
+            task=task.name,
+            model_id=repo_id,
+            pictures=[("Body parts", overlay), ("Legend", legend)],
+            prediction=seg,
+            exporter=lambda directory, stem: write_segmentation(directory, stem, seg),
+            summary=f"{present} body-part classes found." if present else "No person pixels found.",
         )
-    return results
+
+    return photo_results(images, timings, make)
