@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sapiens2  # noqa: E402
-from sapiens2 import hub, presets  # noqa: E402
+from sapiens2 import presets, weights  # noqa: E402
 
 MODEL_CARD_TFLOP = 1.26  # Sapiens2-0.4B at 1024x768, official model card
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
@@ -86,7 +86,7 @@ def load_ours_checked(directory: Path, device: torch.device) -> nn.Module:
     # One fp32 tensor in flight per loading thread at most; a full fp32 copy would add twice `size`. The
     # slack covers allocator rounding on the GPU, and interpreter and allocator noise in the CPU smoke run.
     slack = 8e6 if device.type == "cuda" else 64e6
-    allowed = size + hub.LOAD_THREADS * largest_fp32 + slack
+    allowed = size + weights.LOAD_THREADS * largest_fp32 + slack
     print(f"load fp32 file -> bf16 on {device.type}: peak {peak / 1e6:.0f} MB for {size / 1e6:.0f} MB of "
           f"bf16 weights ({peak / size:.2f}x; allowed {allowed / 1e6:.0f} MB)")  # fmt: skip
     assert peak <= allowed, "loading held more than the bf16 model plus one tensor per thread"

@@ -18,8 +18,10 @@ DTYPES = {
 }
 
 
-def resolve_device(name: str | None = None) -> torch.device:
-    """`name`, else SAPIENS2_DEVICE, else cuda when available, else cpu."""
+def resolve_device(name: str | torch.device | None = None) -> torch.device:
+    """`name` (or a device, checked), else SAPIENS2_DEVICE, else cuda when available, else cpu."""
+    if isinstance(name, torch.device):
+        name = str(name)
     name = name or os.environ.get("SAPIENS2_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
@@ -32,8 +34,10 @@ def resolve_device(name: str | None = None) -> torch.device:
     return device
 
 
-def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    """`name`, else SAPIENS2_DTYPE, else bf16 on CUDA and fp32 elsewhere."""
+def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """`name` (or a dtype, as it is), else SAPIENS2_DTYPE, else bf16 on CUDA and fp32 elsewhere."""
+    if isinstance(name, torch.dtype):
+        return name
     name = name or os.environ.get("SAPIENS2_DTYPE")
     if not name:
         return torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -7,12 +7,9 @@ device, then assigned with one strict `load_state_dict`: no random init, no full
 from __future__ import annotations
 
 import json
-import math
 import os
-import queue
 import re
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +25,6 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import httpx
 from huggingface_hub.utils import tqdm as hub_tqdm
-from safetensors import safe_open
 from torch import nn
 
 from sapiens2 import presets
@@ -36,28 +32,17 @@ from sapiens2.config import Sapiens2Config, load_config
 from sapiens2.device import resolve_device, resolve_dtype
 from sapiens2.errors import CheckpointDownloadError, CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.models import build_model
+from sapiens2.weights import listed, read_state_dict
 
 CHECKPOINT_DIR_ENV = "SAPIENS2_CHECKPOINT_DIR"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 PROCESSOR_CONFIG_NAME = "preprocessor_config.json"
-# Original checkpoints store the RoPE periods, which the model recomputes from the config.
-IGNORED_SUFFIXES = ("rope_embed.periods",)
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-LISTED_NAMES = 5
-# Threads that read and convert tensors: reads and casts release the GIL, so a few overlap well.
-LOAD_THREADS = min(4, os.cpu_count() or 1)
-
 Progress = Callable[[float, str], None]
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")
-_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
-    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,17 +60,6 @@ class ResolvedCheckpoint:
         return f"{self.repo_id} ({where})" if self.repo_id else where
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """Where one tensor lies in a safetensors file."""
-
-    path: Path
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    start: int
-    nbytes: int
-
-
 def from_pretrained(
     source: str | os.PathLike[str],
     *,
@@ -100,8 +74,8 @@ def from_pretrained(
     while files download and while weights load, each stage running its fraction from 0 to 1. On the CPU,
     weights already stored in the requested dtype stay memory-mapped: do not rewrite the file while in use.
     """
-    target = resolve_device(str(device) if device is not None else None)
-    dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, target)
+    target = resolve_device(device)
+    dtype = resolve_dtype(dtype, target)
     checkpoint = resolve_checkpoint(source, revision=revision, progress=progress)
     config = _config(checkpoint)
     try:
@@ -109,9 +83,15 @@ def from_pretrained(
             model = build_model(config)
     except ConfigError as error:
         raise ConfigError(f"{checkpoint.label}: {error}") from error
-    expected = model.state_dict()
-    entries = _checked_entries(checkpoint, expected)
-    state = _materialize(entries, expected, target, dtype, progress, checkpoint.repo_id or checkpoint.label)
+    state = read_state_dict(
+        checkpoint.weight_paths,
+        model.state_dict(),
+        target,
+        dtype,
+        label=checkpoint.label,
+        progress=progress,
+        progress_name=checkpoint.repo_id or checkpoint.label,
+    )
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
 
@@ -179,6 +159,15 @@ def checkpoint_download_size(repo_id: str, revision: str | None = None) -> int |
     return sum(sizes.get(name, 0) for name in wanted if not _cached_file(repo_id, name, revision))
 
 
+def use_checkpoint_dir(directory: str | os.PathLike[str]) -> Path:
+    """Look up repo ids in `directory`/<repo id>/ before the Hub from now on (sets the variable above)."""
+    path = Path(directory).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError(f"the checkpoint folder {directory} does not exist or is not a folder")
+    os.environ[CHECKPOINT_DIR_ENV] = str(path)
+    return path
+
+
 # ---- resolution -------------------------------------------------------------------------------------------
 
 
@@ -214,7 +203,7 @@ def _resolve_directory(directory: Path, repo_id: str | None = None) -> ResolvedC
     shards = tuple(directory / name for name in _shard_names(directory / INDEX_NAME))
     missing = [shard.name for shard in shards if not shard.is_file()]
     if missing:
-        raise CheckpointNotFoundError(f"{directory}: missing weight shards {_listed(missing)}")
+        raise CheckpointNotFoundError(f"{directory}: missing weight shards {listed(missing)}")
     return ResolvedCheckpoint(config, shards, repo_id)
 
 
@@ -344,161 +333,3 @@ def _config(checkpoint: ResolvedCheckpoint) -> Sapiens2Config:
         return Sapiens2Config.from_dict(presets.config_for_checkpoint_name(checkpoint.weight_paths[0]))
     except ConfigError as error:
         raise ConfigError(f"{checkpoint.label}: {error}") from error
-
-
-def _read_header(path: Path) -> dict[str, _Entry]:
-    """Validate a safetensors file's header against its size and return where each tensor lies."""
-    size = path.stat().st_size
-    with path.open("rb") as file:
-        prefix = file.read(8)
-        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-        if not 0 < length <= min(size - 8, MAX_HEADER_BYTES):
-            raise CheckpointError(f"{path}: not a safetensors file, or its header is cut short")
-        raw = file.read(length)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: corrupt safetensors header ({error})") from error
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
-    data_start = 8 + length
-    entries: dict[str, _Entry] = {}
-    for name, info in header.items():
-        if name != "__metadata__":
-            entries[name] = _entry(path, name, info, data_start)
-    described = max((entry.start + entry.nbytes for entry in entries.values()), default=data_start)
-    if described != size:
-        raise CheckpointError(
-            f"{path}: truncated or corrupt: the header describes {described - data_start} bytes of "
-            f"tensor data, the file holds {size - data_start}"
-        )
-    return entries
-
-
-def _entry(path: Path, name: str, info: object, data_start: int) -> _Entry:
-    try:
-        if not isinstance(info, dict):
-            raise TypeError("not an object")
-        dtype = _DTYPES[info["dtype"]]
-        shape = tuple(int(d) for d in info["shape"])
-        begin, end = (int(offset) for offset in info["data_offsets"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{path}: corrupt header entry for tensor {name}: {info!r}") from error
-    nbytes = math.prod(shape) * dtype.itemsize
-    if begin < 0 or end - begin != nbytes or min(shape, default=0) < 0:
-        raise CheckpointError(f"{path}: tensor {name} claims bytes {begin}..{end} for shape {list(shape)}")
-    return _Entry(path, dtype, shape, data_start + begin, nbytes)
-
-
-def _listed(names: Iterable[str]) -> str:
-    names = sorted(names)
-    more = f" (and {len(names) - LISTED_NAMES} more)" if len(names) > LISTED_NAMES else ""
-    return ", ".join(names[:LISTED_NAMES]) + more
-
-
-def _checked_entries(checkpoint: ResolvedCheckpoint, expected: dict[str, torch.Tensor]) -> dict[str, _Entry]:
-    """Every tensor the model needs, located in the weight files; any mismatch is one CheckpointError."""
-    entries: dict[str, _Entry] = {}
-    for path in checkpoint.weight_paths:
-        for name, entry in _read_header(path).items():
-            if name in entries:
-                message = f"{checkpoint.label}: tensor {name} is stored twice ({entries[name].path}, {path})"
-                raise CheckpointError(message)
-            entries[name] = entry
-    missing = expected.keys() - entries.keys()
-    unexpected = {n for n in entries.keys() - expected.keys() if not n.endswith(IGNORED_SUFFIXES)}
-    wrong_shape = [
-        f"{name} {list(entries[name].shape)} (model: {list(tensor.shape)})"
-        for name, tensor in expected.items()
-        if name in entries and entries[name].shape != tuple(tensor.shape)
-    ]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing tensors: {_listed(missing)}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected tensors: {_listed(unexpected)}")
-    if wrong_shape:
-        problems.append(f"{len(wrong_shape)} tensors with the wrong shape: {_listed(wrong_shape)}")
-    if problems:
-        mismatch = "; ".join(problems)
-        raise CheckpointError(f"{checkpoint.label} does not match the model of its config: {mismatch}")
-    return {name: entries[name] for name in expected}
-
-
-def _materialize(
-    entries: dict[str, _Entry],
-    expected: dict[str, torch.Tensor],
-    device: torch.device,
-    dtype: torch.dtype,
-    progress: Progress | None,
-    label: str,
-) -> dict[str, torch.Tensor]:
-    """Read every tensor into `dtype` (floating tensors only) on `device`.
-
-    On the CPU a tensor already in the right dtype is a view of the memory-mapped file (no copy). The others
-    are read by a few threads, each through its own reusable (pinned, for CUDA) staging buffer, and converted:
-    the peak is the result plus one tensor per thread, on the host and on the device.
-    """
-    targets = {name: dtype if t.dtype.is_floating_point else t.dtype for name, t in expected.items()}
-    on_cpu = device.type == "cpu"
-    mapped = [name for name, entry in entries.items() if on_cpu and entry.dtype == targets[name]]
-    staged = [name for name in entries if name not in set(mapped)]
-    total = sum(entry.nbytes for entry in entries.values()) or 1
-    done = 0
-
-    def report(name: str) -> None:
-        nonlocal done
-        before, done = done, done + entries[name].nbytes
-        if progress and int(100 * done / total) != int(100 * before / total):
-            progress(done / total, f"loading weights of {label}")
-
-    state: dict[str, torch.Tensor] = {}
-    for path in dict.fromkeys(entries[name].path for name in mapped):
-        with safe_open(path, framework="pt") as file:
-            for name in (n for n in mapped if entries[n].path == path):
-                state[name] = file.get_tensor(name)
-                report(name)
-    if not staged:
-        return state
-    buffers: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
-    workers = min(LOAD_THREADS, len(staged))
-    size = max(entries[name].nbytes for name in staged)
-    for _ in range(workers):
-        buffers.put(torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda"))
-
-    def convert(name: str) -> torch.Tensor:
-        staging = buffers.get()
-        try:
-            tensor = _read_into(entries[name], staging)
-            if on_cpu:
-                return tensor.to(targets[name], copy=True)
-            # Cast on the device: a cast inside a host-to-device copy runs on the host, via pageable memory.
-            return tensor.to(device).to(targets[name])
-        finally:
-            buffers.put(staging)
-
-    with ThreadPoolExecutor(workers) as pool:
-        futures = {pool.submit(convert, name): name for name in staged}
-        try:
-            for future in as_completed(futures):
-                state[futures[future]] = future.result()
-                report(futures[future])
-        except BaseException:
-            pool.shutdown(cancel_futures=True)
-            raise
-    return state
-
-
-def _read_into(entry: _Entry, staging: torch.Tensor) -> torch.Tensor:
-    """The tensor at `entry`, read into the front of `staging` (valid until the buffer is reused)."""
-    buffer = staging[: entry.nbytes]
-    view = memoryview(buffer.numpy())
-    filled = 0
-    with entry.path.open("rb", buffering=0) as raw:
-        raw.seek(entry.start)
-        while filled < entry.nbytes:
-            count = raw.readinto(view[filled:])
-            if not count:
-                raise CheckpointError(f"{entry.path}: file ended inside tensor data (changed on disk?)")
-            filled += count
-    return buffer.view(entry.dtype).view(entry.shape)

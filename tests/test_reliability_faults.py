@@ -18,7 +18,7 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from huggingface_hub.utils import httpx as hub_httpx  # the HTTP library huggingface_hub raises from
 
-from sapiens2 import hub
+from sapiens2 import hub, weights
 
 PHOTO = handle_file(str(PHOTOS[1]))
 OUT_OF_MEMORY = "The GPU ran out of memory. Choose a smaller model size or a smaller photo"
@@ -174,7 +174,7 @@ def test_out_of_memory_while_loading_leaves_nothing_cached_and_the_next_request_
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB")
 
     with monkeypatch.context() as patch:
-        patch.setattr(hub, "_materialize", out_of_memory)
+        patch.setattr(weights, "_materialize", out_of_memory)
         assert refusal(client, "/depth", remove_background=False).startswith(OUT_OF_MEMORY)
     assert repo not in server.runtime.cache
     answered(client, "/depth", remove_background=False)

@@ -1,0 +1,40 @@
+"""The flags that set up a Runtime (device, precision, local checkpoints, person detector), shared by the app
+and the command line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .device import DTYPES
+from .hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
+from .runtime import Runtime
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--device, --dtype, --checkpoint-dir and --detector."""
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: $SAPIENS2_DEVICE, else cuda if any)")
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        help="precision (default: $SAPIENS2_DTYPE, else bf16 on CUDA, else fp32)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"local checkpoints: DIR/<repo id>/config.json + model.safetensors (sets {CHECKPOINT_DIR_ENV})",
+    )
+    parser.add_argument(
+        "--detector",
+        metavar="WEIGHTS",
+        help="person detector for pose: an ultralytics model name or a local .pt file (default: yolo11m.pt)",
+    )
+
+
+def runtime_from_arguments(args: argparse.Namespace, **settings: Any) -> Runtime:
+    """The Runtime the parsed flags ask for; ConfigError when a flag's value cannot be used."""
+    if args.checkpoint_dir is not None:
+        use_checkpoint_dir(args.checkpoint_dir)
+    return Runtime(device=args.device, dtype=args.dtype, detector=args.detector, **settings)
