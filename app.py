@@ -25,9 +25,10 @@ from sapiens2.images import sanitize_filename
 from sapiens2.messages import describe_error, is_expected
 from sapiens2.results import TaskResult
 from sapiens2.runtime import Runtime
+from sapiens2.runtime_arguments import add_runtime_arguments, runtime_from_arguments
 from sapiens2.scratch import ScratchSpace
-from sapiens2.tasks import ALL_TASKS, TASKS, Task, get_task
-from sapiens2.video import DEFAULT_MAX_SECONDS, process_video
+from sapiens2.tasks import ALL_TASKS, TASKS, Task, all_sizes, get_task
+from sapiens2.video import DEFAULT_MAX_SECONDS, VideoJob, VideoResult, process_video
 from sapiens2.visualize import grid
 
 try:  # On a Hugging Face ZeroGPU Space, this lends the function a GPU for the length of each call.
@@ -52,6 +53,7 @@ MAX_UPLOAD = "40mb"
 NOT_UPLOADED = "Only uploaded files are read, never a path on the server. Please upload the image itself."
 OVERVIEW_HEIGHT = 1024  # the "All tasks" grid's picture height at most, in pixels
 LIVE_WINDOW = 10  # frames the live frame rate is measured over
+FIRST_TASK = next(iter(TASKS))
 # Marks the parameter Gradio fills with each request's own progress tracker.
 PROGRESS = gr.Progress()
 
@@ -160,7 +162,7 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
     *first, last = [TASKS[name].title.lower() for name in ALL_TASKS]
     titles = f"{', '.join(first)} and {last}"
     gr.Markdown(f"### All tasks\nOne photo through {titles}, reusing the models already loaded.")
-    sizes = list(dict.fromkeys(size for name in ALL_TASKS for size in TASKS[name].repos))
+    sizes = all_sizes(TASKS[name] for name in ALL_TASKS)
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
             image = _photo_input("all-photo")
@@ -211,10 +213,8 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             clip = gr.Video(label="Clip", sources=["upload"], elem_id="video-clip")
-            choice = gr.Radio(
-                [(task.title, task.name) for task in TASKS.values()], value="pose", label="Task"
-            )
-            sizes = list(dict.fromkeys(size for task in TASKS.values() for size in task.repos))
+            choice = _task_choice()
+            sizes = all_sizes(TASKS.values())
             size = gr.Dropdown(
                 sizes, value=sizes[0], label="Model size", info="Tasks without it use their default."
             )
@@ -224,20 +224,21 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
             summary = gr.Markdown()
             files = gr.File(label="Downloads", file_count="multiple", interactive=False, height=160)
 
-    def run_video(video: Any, task: str = "pose", size: str = sizes[0], progress: gr.Progress = PROGRESS):
+    def run_video(video: Any, task: str = FIRST_TASK, size: str = sizes[0], progress: gr.Progress = PROGRESS):
         path = video
         if not path:
             raise gr.Error("Please upload a video clip first.", print_exception=False)
-        entry = get_task(task)
         with _user_errors():
-            result = _process_video(
-                runtime,
+            job = VideoJob(
                 task,
                 path,
                 scratch.new_folder(),
-                size if size in entry.repos else None,
-                _reporter(progress),
+                size=get_task(task).size_or_default(size),
+                max_seconds=DEFAULT_MAX_SECONDS,
+                # WebM (VP8): browsers play it as written, and OpenCV here cannot write H.264.
+                video_format="webm",
             )
+            result = _process_video(runtime, job, _reporter(progress))
         line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second."
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
         return str(result.video_path), summary_text, [str(p) for p in result.files]
@@ -259,7 +260,7 @@ def _live_tab(runtime: Runtime) -> None:
         elem_classes="studio-note",
         elem_id="live-note",
     )
-    choice = gr.Radio([(task.title, task.name) for task in TASKS.values()], value="pose", label="Task")
+    choice = _task_choice()
     with gr.Row():
         camera = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Webcam")
         shown = gr.Image(label="Result", format="jpeg", interactive=False)
@@ -289,6 +290,10 @@ def _live_tab(runtime: Runtime) -> None:
 
 
 # ---- components --------------------------------------------------------------------------------------------
+
+
+def _task_choice() -> gr.Radio:
+    return gr.Radio([(task.title, task.name) for task in TASKS.values()], value=FIRST_TASK, label="Task")
 
 
 def _photo_input(elem_id: str) -> gr.Image:
@@ -347,18 +352,8 @@ def _overview(runtime: Runtime, image: Any, size: str | None, progress) -> list[
 
 
 @gpu
-def _process_video(runtime: Runtime, task: str, path: str, folder: Path, size: str | None, progress):
-    # WebM (VP8): browsers play it as written, and OpenCV here cannot write H.264.
-    return process_video(
-        runtime,
-        task,
-        path,
-        folder,
-        size=size,
-        max_seconds=DEFAULT_MAX_SECONDS,
-        video_format="webm",
-        progress=progress,
-    )
+def _process_video(runtime: Runtime, job: VideoJob, progress) -> VideoResult:
+    return process_video(runtime, job, progress)
 
 
 def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callable:
@@ -476,8 +471,7 @@ def _user_errors() -> Iterator[None]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=f"{TITLE}: the Sapiens2 models in a web page.")
-    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: $SAPIENS2_DEVICE, else cuda if any)")
-    parser.add_argument("--dtype", help="bf16, fp16 or fp32 (default: $SAPIENS2_DTYPE, else bf16 on CUDA)")
+    add_runtime_arguments(parser)
     parser.add_argument(
         "--host",
         default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -485,20 +479,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
-    parser.add_argument(
-        "--checkpoint-dir", help="folder holding <repo id>/config.json + model.safetensors (offline use)"
-    )
-    parser.add_argument("--detector", help="ultralytics model name or local .pt file (default: yolo11m.pt)")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    if args.checkpoint_dir:
-        os.environ["SAPIENS2_CHECKPOINT_DIR"] = str(Path(args.checkpoint_dir).expanduser().resolve())
     try:
-        runtime = Runtime(device=args.device, dtype=args.dtype, detector=args.detector)
+        runtime = runtime_from_arguments(args)
     except Exception as error:
         sys.exit(describe_error(error))
     scratch = ScratchSpace()

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Sapiens2ImageProcessor
 
+from sapiens2.kinds import NORMAL, SEG
 from sapiens2.pose import decode_pose
 from sapiens2.postprocess import (
     composite,
@@ -56,7 +57,7 @@ def peaks(persons: int, keypoints: int, seed: int) -> torch.Tensor:
 def tasks(photo: np.ndarray, persons: int) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
     """Per task: (ours, reference), each doing preprocessing and post-processing of random outputs."""
     size = photo.shape[:2]
-    plain, padded = ProcessorSettings.for_task("seg"), ProcessorSettings.for_task("normal")
+    plain, padded = ProcessorSettings.for_kind(SEG), ProcessorSettings.for_kind(NORMAL)
     reference, reference_padded = Sapiens2ImageProcessor(), Sapiens2ImageProcessor(do_pad=True)
     logits = smooth_logits(29, seed=0)
     maps = torch.randn(1, 3, 1024, 768)

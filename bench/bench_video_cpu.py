@@ -28,7 +28,7 @@ from test_video import write_clip  # noqa: E402
 from tiny_models import write_few_persons_yolo, write_tiny_checkpoint  # noqa: E402
 
 from sapiens2.runtime import Runtime  # noqa: E402
-from sapiens2.video import process_video  # noqa: E402
+from sapiens2.video import VideoJob, process_video  # noqa: E402
 
 REPOS = {"pose": "facebook/sapiens2-pose-0.4b", "segment": "facebook/sapiens2-seg-0.4b"}
 INPUT_SIZES = ((1024, 768), (256, 192))
@@ -65,10 +65,12 @@ def main() -> None:
             )
             runtime = Runtime(device=args.device, detector=detector, batch_size=args.batch_size)
             for task in REPOS:
-                process_video(runtime, task, clip, scratch / "warm", max_frames=args.batch_size)
-                results = [process_video(runtime, task, clip, scratch / "out") for _ in range(args.runs)]
+                process_video(runtime, VideoJob(task, clip, scratch / "warm", max_frames=args.batch_size))
+                job = VideoJob(task, clip, scratch / "out")
+                results = [process_video(runtime, job) for _ in range(args.runs)]
                 rate = statistics.median(result.frames_per_second for result in results)
-                persons = results[0].persons / results[0].frames if task == "pose" else float("nan")
+                found = results[0].persons
+                persons = float("nan") if found is None else found / results[0].frames
                 label = f"{size[0]}x{size[1]}"
                 print(f"| {label} | {task} | {rate:.2f} | {1000 / rate:.0f} | {persons:.1f} |")
         print(f"torch threads after the detector ran: {torch.get_num_threads()}")

@@ -13,12 +13,14 @@ from sapiens2.models import (
     Sapiens2Model,
     build_model,
 )
+from sapiens2.runtime import Runtime
 
 __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "ConfigError",
     "ResolvedCheckpoint",
+    "Runtime",
     "Sapiens2Backbone",
     "Sapiens2Config",
     "Sapiens2Error",

@@ -85,10 +85,6 @@ class ModelCache:
         with self._lock:
             return list(self._models)
 
-    def used_bytes(self) -> int:
-        with self._lock:
-            return sum(size for _, size in self._models.values())
-
     def get(self, repo_id: str, progress: Callable[[float, str], None] | None = None) -> nn.Module:
         """The model for `repo_id`, loading it on first use; concurrent first uses load it once."""
         with self._lock:

@@ -21,21 +21,20 @@ from typing import Any
 from huggingface_hub.utils import tqdm  # the tqdm that huggingface_hub, a dependency, ships with
 
 from .detector import DetectorError
-from .device import DTYPES
 from .errors import CheckpointError, ConfigError
 from .export import write_picture
-from .hub import CHECKPOINT_DIR_ENV
 from .images import ImageInputError, LoadedImage, load_image, sanitize_filename
 from .messages import describe_error, is_expected
 from .options import Option
 from .results import TaskResult
 from .runtime import DEFAULT_BATCH_SIZE, Runtime
-from .tasks import ALL_TASKS, TASKS, Task, get_task
+from .runtime_arguments import add_runtime_arguments, runtime_from_arguments
+from .tasks import ALL_TASKS, TASKS, Task, all_sizes, get_task
 from .video import (
     VIDEO_EXTENSIONS,
     VIDEO_FORMATS,
     VideoError,
-    detected_persons,
+    VideoJob,
     planned_frames,
     process_video,
     video_info,
@@ -136,10 +135,9 @@ class Plan:
         """Every file the source is to get from `task`."""
         if not source.is_video:
             return self.image_outputs(task, source)
-        writes = {"write_video": self.pictures, "write_json": "json" in self.exports}
-        return video_outputs(
-            source.directory, source.stem, task.name, video_format=self.video_format, **writes
-        )
+        log_kind = task.frame_log.suffix.rsplit(".", 1)[-1] if task.frame_log else None
+        writes = {"write_video": self.pictures, "write_log": log_kind in self.exports}
+        return video_outputs(task, source.directory, source.stem, video_format=self.video_format, **writes)
 
     def pending(self, task: Task, source: Source) -> bool:
         """True when the source has outputs of `task` to write (all of them, with overwrite)."""
@@ -181,7 +179,7 @@ class TaskStats:
     """One task's share of the run."""
 
     images: int = 0
-    persons: int = 0
+    persons: int | None = None  # for tasks that detect persons
     seconds: float = 0.0  # detection + model + post-processing, summed over photos
 
 
@@ -224,9 +222,6 @@ class Run:
         names = {option.name for option in task.options}
         return {name: value for name, value in self.options.items() if name in names and value is not None}
 
-    def size_for(self, task: Task) -> str | None:
-        return self.size if self.size in task.repos else None
-
     def task(self, task: Task, sources: Sequence[Source]) -> None:
         """Run one task on every source that still needs it; a model or detector failure stops the task."""
         readable = [source for source in sources if source.path not in self.unreadable]
@@ -252,8 +247,9 @@ class Run:
                 chunk = sources[start : start + self.batch_size]
                 for source, result in self.results(task, self.loaded(chunk)):
                     stats.images += 1
-                    stats.seconds += result.timings.detection + result.timings.model + result.timings.post
-                    stats.persons += len(detected_persons(result)) if task.name == "pose" else 0
+                    stats.seconds += result.timings.total
+                    if result.persons is not None:
+                        stats.persons = (stats.persons or 0) + result.persons
                     self.save(result, task, source)
                 bar.update(len(chunk))
 
@@ -276,7 +272,7 @@ class Run:
             results = self.runtime.run_batch(
                 task.name,
                 [image for _, image in batch],
-                size=self.size_for(task),
+                size=task.size_or_default(self.size),
                 model=self.model,
                 **self.task_options(task),
             )
@@ -303,30 +299,31 @@ class Run:
         missing = [
             path for path in self.plan.outputs(task, source) if self.plan.overwrite or not path.exists()
         ]
-        writes = {
-            "write_video": any(p.suffix != ".json" for p in missing),
-            "write_json": any(p.suffix == ".json" for p in missing),
-        }
+        is_video = [path.suffix[1:] in VIDEO_FORMATS for path in missing]
+        job = VideoJob(
+            task.name,
+            source.path,
+            source.directory,
+            size=task.size_or_default(self.size),
+            model=self.model,
+            options=self.task_options(task),
+            stem=source.stem,
+            max_seconds=None,
+            max_frames=self.max_frames,
+            stride=self.stride,
+            batch_size=self.batch_size,
+            video_format=self.plan.video_format,
+            write_video=any(is_video),
+            write_log=not all(is_video),
+        )
         try:
             total = planned_frames(video_info(source.path), stride=self.stride, max_frames=self.max_frames)
             with tqdm(total=total, desc=f"{task.name} {source.path.name}", unit="frame", leave=False) as bar:
-                result = process_video(
-                    self.runtime,
-                    task.name,
-                    source.path,
-                    source.directory,
-                    size=self.size_for(task),
-                    model=self.model,
-                    stem=source.stem,
-                    max_seconds=None,
-                    max_frames=self.max_frames,
-                    stride=self.stride,
-                    batch_size=self.batch_size,
-                    video_format=self.plan.video_format,
-                    **writes,
-                    progress=lambda fraction, _: bar.update(round(fraction * (total or 0)) - bar.n),
-                    **self.task_options(task),
-                )
+
+                def progress(fraction: float, _: str) -> None:
+                    bar.update(round(fraction * (total or 0)) - bar.n)
+
+                result = process_video(self.runtime, job, progress)
         except TASK_ERRORS:
             raise
         except Exception as error:
@@ -337,7 +334,7 @@ class Run:
         self.report.written += result.files
         self.report.kept += len(self.plan.outputs(task, source)) - len(missing)
         self.report.succeeded += 1
-        persons = f", {_count(result.persons, 'person')}" if task.name == "pose" else ""
+        persons = "" if result.persons is None else f", {_count(result.persons, 'person')}"
         self.report.videos.append(
             f"{source.label}, {task.name}: {result.frames} frames in {result.seconds:.1f} s, "
             f"{result.frames_per_second:.2f} frames/s{persons}"
@@ -409,6 +406,12 @@ def _kinds(text: str) -> frozenset[str]:
     return frozenset(words)
 
 
+def _frame_logs() -> str:
+    """The frame logs that tasks write beside their videos, for the help text."""
+    logs = [f"for {task.name}, <name>{task.frame_log.suffix}" for task in TASKS.values() if task.frame_log]
+    return "".join(f" and, {log}" for log in logs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; task options come from the registry."""
     parser = argparse.ArgumentParser(
@@ -416,9 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run Sapiens2 models on photos, folders of photos and videos.",
         epilog=(
             "Outputs: OUT/<input path under its folder, without extension>_<kind>.<ext>; videos give "
-            "<name>_<task>.mp4 (or .webm) and, for pose, <name>_predictions.json. Exit status: 0 when at "
-            "least one input succeeded (or its outputs were already there), 1 when nothing succeeded, 2 for "
-            "a usage error."
+            f"<name>_<task>.mp4 (or .webm){_frame_logs()}. Exit status: 0 when at least one input succeeded "
+            "(or its outputs were already there), 1 when nothing succeeded, 2 for a usage error."
         ),
     )
     parser.add_argument(
@@ -430,35 +432,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
 
     model = parser.add_argument_group("model")
-    sizes = sorted({size for task in TASKS.values() for size in task.repos}, key=lambda s: float(s[:-1]))
+    sizes = all_sizes(TASKS.values())
     model.add_argument("--size", choices=sizes, help="model size (default: each task's default size)")
     model.add_argument(
         "--model",
         metavar="ID_OR_PATH",
         help="a Hub repo id, checkpoint folder or .safetensors file instead of --size (one task only)",
     )
-    model.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    model.add_argument(
-        "--dtype",
-        choices=list(DTYPES),
-        help="precision (default: bf16 on CUDA, else fp32)",
-    )
+    add_runtime_arguments(model)
     model.add_argument(
         "--batch-size",
         type=_positive,
         default=DEFAULT_BATCH_SIZE,
         help=f"photos or frames per model call (default {DEFAULT_BATCH_SIZE})",
-    )
-    model.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        metavar="DIR",
-        help=f"local checkpoints as DIR/<repo id>/ (sets {CHECKPOINT_DIR_ENV})",
-    )
-    model.add_argument(
-        "--detector",
-        metavar="WEIGHTS",
-        help="person detector for pose: an ultralytics model name or a local .pt file",
     )
 
     options = parser.add_argument_group("task options")
@@ -518,10 +504,6 @@ def _checked_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
             parser.error(f"{flag} is an option of {', '.join(owners)}, not of {', '.join(sorted(chosen))}")
     if not args.pictures and not args.exports:
         parser.error("nothing to write: --no-pictures with --exports none")
-    if args.checkpoint_dir is not None:
-        if not args.checkpoint_dir.is_dir():
-            parser.error(f"--checkpoint-dir {args.checkpoint_dir} is not a folder")
-        os.environ[CHECKPOINT_DIR_ENV] = str(args.checkpoint_dir)
     if getattr(args, "background_image", None) is not None:
         try:
             args.background_image = load_image(Path(args.background_image))
@@ -540,7 +522,7 @@ def print_summary(report: Report, seconds: float, out: Path) -> None:
     print(f"\nDone in {seconds:.1f} s: {_count(len(report.written), 'file')} written to {out}{kept}.")
     for name, stats in report.stats.items():
         if stats.images:
-            persons = f", {_count(stats.persons, 'person')} found" if name == "pose" else ""
+            persons = "" if stats.persons is None else f", {_count(stats.persons, 'person')} found"
             time_per_image = f"{stats.seconds / stats.images:.2f} s per image"
             print(f"  {name}: {_count(stats.images, 'image')}{persons}, {time_per_image}")
     for line in report.videos:
@@ -557,9 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tasks = _checked_arguments(parser, args)
     try:
-        runtime = Runtime(
-            device=args.device, dtype=args.dtype, detector=args.detector, batch_size=args.batch_size
-        )
+        runtime = runtime_from_arguments(args, batch_size=args.batch_size)
     except ConfigError as error:
         parser.error(str(error))
     sources, missing = collect_sources(args.inputs, args.out)

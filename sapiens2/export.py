@@ -17,10 +17,12 @@ import cv2
 import numpy as np
 
 from sapiens2.detector import Detections
-from sapiens2.visualize import alpha_to_uint8, person_arrays
+from sapiens2.pose import Person
+from sapiens2.postprocess import alpha_to_uint8
 
 POSE_FORMAT = "sapiens2-pose"
 POSE_FORMAT_VERSION = 1
+POSE_FRAMES_SUFFIX = "_predictions.json"
 Writer = Callable[[BinaryIO], None]
 
 
@@ -78,7 +80,7 @@ def _rounded(values: np.ndarray, digits: int) -> list:
 
 
 def pose_document(
-    persons: Sequence[Any],
+    persons: Sequence[Person],
     *,
     image_size: tuple[int, int],
     keypoint_names: Sequence[str],
@@ -87,23 +89,22 @@ def pose_document(
 ) -> dict:
     """The pose JSON document (docs/pose-json-schema.json) of one image.
 
-    Each person is a mapping or object with box (x, y, w, h), keypoints (K, 2) and scores (K,), in image
-    pixels; detections, when the boxes came from the person detector, give box scores and its flags.
+    Persons are in image pixels; detections, when the boxes came from the person detector, give its flags.
     """
     if detections is not None and len(detections) != len(persons):
         raise ValueError(f"{len(persons)} persons but {len(detections)} detections")
     records = []
-    for index, person in enumerate(persons):
-        box, keypoints, scores = person_arrays(person)
-        if len(keypoints) != len(keypoint_names):
-            raise ValueError(f"{len(keypoints)} keypoints but {len(keypoint_names)} keypoint names")
-        xs, ys = _rounded(keypoints[:, 0], 2), _rounded(keypoints[:, 1], 2)
+    for person in persons:
+        if len(person.keypoints) != len(keypoint_names):
+            raise ValueError(f"{len(person.keypoints)} keypoints but {len(keypoint_names)} keypoint names")
+        xs, ys = _rounded(person.keypoints[:, 0], 2), _rounded(person.keypoints[:, 1], 2)
+        scores = _rounded(person.scores, 4)
         records.append({
-            "box_xywh": _rounded(box, 2),
-            "box_score": None if detections is None else round(float(detections.scores[index]), 4),
+            "box_xywh": _rounded(person.box, 2),
+            "box_score": None if person.box_score is None else round(float(person.box_score), 4),
             "keypoints": [
                 {"name": name, "x": x, "y": y, "score": s}
-                for name, x, y, s in zip(keypoint_names, xs, ys, _rounded(scores, 4), strict=True)
+                for name, x, y, s in zip(keypoint_names, xs, ys, scores, strict=True)
             ],
         })
     height, width = image_size
@@ -124,7 +125,7 @@ def pose_document(
 def write_pose_json(
     directory: str | os.PathLike,
     stem: str,
-    persons: Sequence[Any],
+    persons: Sequence[Person],
     *,
     image_size: tuple[int, int],
     keypoint_names: Sequence[str],
@@ -143,7 +144,11 @@ def write_pose_json(
 
 
 def pose_frames_document(
-    frames: Sequence[tuple[str, Sequence[Any]]], *, image_size: tuple[int, int], threshold: float, video: str
+    frames: Sequence[tuple[str, Sequence[Person]]],
+    *,
+    image_size: tuple[int, int],
+    threshold: float,
+    video: str,
 ) -> dict:
     """The official demo's per-video pose JSON: frames -> instances -> bbox, keypoints, keypoint_scores.
 
@@ -154,12 +159,12 @@ def pose_frames_document(
     for name, persons in frames:
         instances = []
         for person in persons:
-            box, keypoints, scores = person_arrays(person)
-            keypoint_count = len(keypoints)
+            keypoint_count = len(person.keypoints)
+            box = person.box
             instances.append({
                 "bbox": _rounded(np.concatenate([box[:2], box[:2] + box[2:]]), 2),
-                "keypoints": _rounded(keypoints, 2),
-                "keypoint_scores": _rounded(scores, 4),
+                "keypoints": _rounded(person.keypoints, 2),
+                "keypoint_scores": _rounded(person.scores, 4),
             })
         records.append({"image_name": name, "instances": instances})
     return {
@@ -174,14 +179,14 @@ def pose_frames_document(
 def write_pose_frames_json(
     directory: str | os.PathLike,
     stem: str,
-    frames: Sequence[tuple[str, Sequence[Any]]],
+    frames: Sequence[tuple[str, Sequence[Person]]],
     *,
     image_size: tuple[int, int],
     threshold: float,
 ) -> list[Path]:
     """`{stem}_predictions.json`: the pose of every frame of a video, in the official demo's layout."""
     document = pose_frames_document(frames, image_size=image_size, threshold=threshold, video=stem)
-    return [_atomic_write(_target(directory, stem, "_predictions.json"), _json(document))]
+    return [_atomic_write(_target(directory, stem, POSE_FRAMES_SUFFIX), _json(document))]
 
 
 def write_picture(directory: str | os.PathLike, stem: str, suffix: str, picture: np.ndarray) -> list[Path]:

@@ -96,13 +96,6 @@ def default_max_side() -> int:
     return _checked_max_side(value, MAX_SIDE_ENV)
 
 
-def fit_longest_side(rgb: np.ndarray, max_side: int) -> tuple[np.ndarray, float]:
-    """Downscale an HxWxC image so its longest side is at most `max_side`; returns (image, scale <= 1)."""
-    height, width = rgb.shape[:2]
-    scale = _fit_scale(height, width, _checked_max_side(max_side, "max_side"))
-    return _resize(rgb, _scaled_size(height, width, scale)), scale
-
-
 def load_image(source: Any, *, max_side: int | None = None) -> LoadedImage:
     """Read a path, bytes, file object, PIL image or numpy array; raise ImageInputError if it is unusable."""
     side = default_max_side() if max_side is None else _checked_max_side(max_side, "max_side")

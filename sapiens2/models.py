@@ -199,7 +199,7 @@ class Sapiens2ForImageMatting(DenseTaskModel):
         return Sapiens2ImageMattingOutput(alphas=matting[:, 3:], foregrounds=matting[:, :3])
 
 
-ARCHITECTURES: dict[str, type[nn.Module]] = {
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
     cls.__name__: cls
     for cls in (
         Sapiens2Model,
@@ -218,9 +218,9 @@ def build_model(config: Sapiens2Config) -> nn.Module:
 
     Cheap under `torch.device("meta")`; load weights with one strict `load_state_dict`.
     """
-    cls = ARCHITECTURES.get(config.architecture)
+    cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:
         raise ConfigError(
-            f"architectures: {config.architecture!r} is not supported (supported: {sorted(ARCHITECTURES)})"
+            f"architectures: {config.architecture!r} is not supported (supported: {sorted(MODEL_CLASSES)})"
         )
     return cls(config).eval()

@@ -17,14 +17,22 @@ DARK_KERNEL_SIZE = 11
 _LOG_MIN, _LOG_MAX = 1e-3, 50.0
 
 
-@dataclass(frozen=True)
-class PersonPose:
-    """One person's keypoints in photo pixels, with scores, keypoint indices and the person box."""
+@dataclass
+class Person:
+    """One person in photo pixels: box (4,) x, y, w, h, keypoints (K, 2) x, y, their scores (K,), and the
+    detector's score for the box (None when the box was given)."""
 
-    keypoints: torch.Tensor  # (K, 2) float32 x, y
-    scores: torch.Tensor  # (K,) float32 heatmap maxima
-    labels: torch.Tensor  # (K,) int64 keypoint indices; fewer than all when a threshold dropped some
-    box_xyxy: torch.Tensor  # (4,) float32 x_min, y_min, x_max, y_max
+    box: np.ndarray
+    keypoints: np.ndarray
+    scores: np.ndarray
+    box_score: float | None = None
+
+    def __post_init__(self) -> None:
+        self.box = np.asarray(self.box, dtype=np.float64).reshape(4)
+        self.keypoints = np.asarray(self.keypoints, dtype=np.float64).reshape(-1, 2)
+        self.scores = np.asarray(self.scores, dtype=np.float64).reshape(-1)
+        if len(self.scores) != len(self.keypoints):
+            raise ValueError(f"{len(self.keypoints)} keypoints but {len(self.scores)} scores")
 
 
 def average_flip(heatmaps: torch.Tensor, heatmaps_flipped: torch.Tensor) -> torch.Tensor:
@@ -205,27 +213,3 @@ def decode_keypoints(
     points = refine_dark_udp(cells, heatmaps, kernel_size)
     heatmap_size = (heatmaps.shape[2], heatmaps.shape[3])
     return heatmap_to_image(points, boxes, input_size, heatmap_size, padding), scores
-
-
-def decode_pose(
-    heatmaps: torch.Tensor,
-    boxes_xywh: Boxes,
-    input_size: Size = (1024, 768),
-    heatmaps_flipped: torch.Tensor | None = None,
-    kernel_size: int = DARK_KERNEL_SIZE,
-    threshold: float | None = None,
-    padding: float = BOX_PADDING,
-) -> list[PersonPose]:
-    """One PersonPose per box from heatmaps (N, K, h, w); with `threshold`, keypoints whose score is not
-    above it are dropped."""
-    keypoints, scores = decode_keypoints(
-        heatmaps, boxes_xywh, input_size, heatmaps_flipped, kernel_size, padding
-    )
-    boxes = as_boxes(boxes_xywh, keypoints.device)
-    boxes_xyxy = torch.cat([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], dim=-1)
-    labels = torch.arange(keypoints.shape[1], device=keypoints.device)
-    people = []
-    for person_keypoints, person_scores, box in zip(keypoints, scores, boxes_xyxy, strict=True):
-        keep = person_scores > threshold if threshold is not None else slice(None)
-        people.append(PersonPose(person_keypoints[keep], person_scores[keep], labels[keep], box))
-    return people

@@ -5,6 +5,7 @@ Every function takes and returns batched torch tensors on the model's device; `t
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -20,11 +21,6 @@ def resize_maps(maps: torch.Tensor, size: Size) -> torch.Tensor:
     if tuple(maps.shape[-2:]) == tuple(size):
         return maps
     return F.interpolate(maps, size=tuple(size), mode="bilinear", align_corners=False)
-
-
-def segmentation_scores(logits: torch.Tensor, size: Size | None = None) -> torch.Tensor:
-    """Per-class scores (B, C, H, W): the logits resized to `size`; their arg-max is the segmentation."""
-    return logits if size is None else resize_maps(logits, size)
 
 
 def _linear_taps(in_size: int, out_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +116,7 @@ def _banded_labels(
 def segmentation_labels(logits: torch.Tensor, size: Size | None = None) -> torch.Tensor:
     """Class index maps (B, H, W) int64: arg-max over classes of the logits (B, C, h, w) resized to `size`.
 
-    Equal to `segmentation_scores(logits, size).argmax(1)` without resizing every class. Where the 2x2
+    Equal to `resize_maps(logits, size).argmax(1)` without resizing every class. Where the 2x2
     source cells under an output pixel share one arg-max, any convex mix of them has that arg-max too.
     Elsewhere, for a candidate class, the weighted sum of its lead at the four corners bounds its lead
     in the mix from below; a bound clearly above float rounding settles the pixel, and only the pixels
@@ -268,3 +264,13 @@ def to_hwc(tensor: torch.Tensor) -> np.ndarray:
     """A (C, H, W) tensor as a numpy (H, W, C) array, or an (H, W) one as (H, W), on the CPU."""
     array = tensor.detach().cpu()
     return (array.permute(1, 2, 0) if array.ndim == 3 else array).contiguous().numpy()
+
+
+def alpha_to_uint8(alpha: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:
+    """An (H, W) alpha matte in [0, 1] (or already uint8) as uint8 0-255, rounded; `shape` checks its size."""
+    alpha = np.asarray(alpha)
+    if alpha.ndim != 2 or (shape is not None and alpha.shape != tuple(shape)):
+        raise ValueError(f"alpha must be a 2-D array of shape {shape or '(H, W)'}, got {alpha.shape}")
+    if alpha.dtype == np.uint8:
+        return alpha
+    return cv2.convertScaleAbs(np.clip(alpha.astype(np.float32, copy=False), 0.0, 1.0), alpha=255.0)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from sapiens2.errors import ConfigError
+from sapiens2.kinds import ModelKind
 
 ImageLike = np.ndarray | Image.Image
 Size = tuple[int, int]
@@ -21,14 +22,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 BOX_PADDING = 1.25
 _BILINEAR = 2  # PIL's resampling code, the only one the preprocessor config may name
-
-# Tasks whose inputs are resized with the aspect ratio kept and padded symmetrically with black: the
-# official test pipelines of normal, albedo and pointmap use NormalResizePadImage / PointmapResizePadImage
-# (pad_val=0) and undo the padding after inference, and transformers' processor notes do_pad for exactly
-# these. Segmentation (SegResize keep_ratio=False), matting (whose post-processing has no unpadding),
-# features and pose (which crops persons instead) stretch the photo to the model size.
-_PADDED_TASKS = frozenset({"normal", "albedo", "pointmap"})
-TASKS = frozenset({"pose", "seg", "matting", "features"}) | _PADDED_TASKS
 
 # preprocessor_config.json keys that change nothing for RGB photos at inference (labels, heatmap targets
 # and a crop_size that do_center_crop=False leaves unused; do_convert_rgb acts on grey or RGBA input only).
@@ -66,11 +59,9 @@ class ProcessorSettings:
         return self.height, self.width
 
     @classmethod
-    def for_task(cls, task: str) -> ProcessorSettings:
-        """Built-in settings of a task: 1024x768, ImageNet statistics, padding for normal/albedo/pointmap."""
-        if task not in TASKS:
-            raise ConfigError(f"unknown task {task!r}; expected one of {sorted(TASKS)}")
-        return cls(do_pad=task in _PADDED_TASKS)
+    def for_kind(cls, kind: ModelKind) -> ProcessorSettings:
+        """Built-in settings of a model kind: 1024x768, ImageNet statistics, padding where the kind pads."""
+        return cls(do_pad=kind.padded)
 
     @classmethod
     def from_config(cls, config: dict) -> ProcessorSettings:
@@ -99,13 +90,13 @@ class ProcessorSettings:
         return settings
 
     @classmethod
-    def from_pretrained_dir(cls, path: str | Path, task: str | None = None) -> ProcessorSettings:
-        """Settings from `path`/preprocessor_config.json, or the task's built-in ones when there is none."""
+    def from_pretrained_dir(cls, path: str | Path, kind: ModelKind | None = None) -> ProcessorSettings:
+        """Settings from `path`/preprocessor_config.json, or the kind's built-in ones when there is none."""
         config_path = Path(path) / "preprocessor_config.json"
         if not config_path.is_file():
-            if task is None:
-                raise ConfigError(f"{config_path} does not exist and no task was given for defaults")
-            return cls.for_task(task)
+            if kind is None:
+                raise ConfigError(f"{config_path} does not exist and no model kind was given for defaults")
+            return cls.for_kind(kind)
         try:
             config = json.loads(config_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -32,6 +33,13 @@ class Timings:
         """These timings divided evenly among `count` photos of one batch."""
         return Timings(self.detection / count, self.model / count, self.post / count)
 
+    def __add__(self, other: Timings) -> Timings:
+        return Timings(self.detection + other.detection, self.model + other.model, self.post + other.post)
+
+    @property
+    def total(self) -> float:
+        return self.detection + self.model + self.post
+
 
 Exporter = Callable[[Path, str], list[Path]]
 
@@ -48,6 +56,7 @@ class TaskResult:
     summary: str = ""
     notes: list[str] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
+    persons: int | None = None  # persons the detector found, for tasks that detect them
     device: str = "cpu"
     dtype: str = "fp32"
 
@@ -66,3 +75,20 @@ class TaskResult:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         return self.exporter(directory, stem)
+
+
+class FrameLog(ABC):
+    """What a task records of every frame of a video, written as one file beside the video."""
+
+    suffix: ClassVar[str]  # the file's name after the video's stem, e.g. "_predictions.json"
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.options = options
+
+    @abstractmethod
+    def add(self, frame: str, result: TaskResult) -> None:
+        """Record one frame's result under the frame's name."""
+
+    @abstractmethod
+    def write(self, directory: Path, stem: str) -> Path:
+        """Write the record as directory/{stem}{suffix}; returns its path."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -16,9 +17,11 @@ from .detector import Detections, PersonDetector, YoloPersonDetector
 from .device import dtype_name, resolve_device, resolve_dtype
 from .errors import ConfigError
 from .images import LoadedImage, load_image
+from .kinds import ModelKind
+from .pipelines.context import PipelineContext
 from .processing import ProcessorSettings
 from .results import TaskResult
-from .tasks import TASKS, Task, get_task, model_bytes_estimate
+from .tasks import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
 
 Progress = Callable[[float, str], None]
 DEFAULT_BATCH_SIZE = 8
@@ -69,14 +72,14 @@ class Runtime:
         """The cached model of `repo_id`, loading (and downloading) it on first use."""
         return self.cache.get(repo_id, progress=progress)
 
-    def settings(self, repo_id: str, task: str) -> ProcessorSettings:
-        """The repo's preprocessing: its preprocessor_config.json when available, else the task's defaults."""
+    def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
+        """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults."""
         if repo_id not in self._settings:
             directory = hub.processor_config_dir(repo_id)
             if directory is None:
-                self._settings[repo_id] = ProcessorSettings.for_task(task)
+                self._settings[repo_id] = ProcessorSettings.for_kind(kind)
             else:
-                self._settings[repo_id] = ProcessorSettings.from_pretrained_dir(directory, task)
+                self._settings[repo_id] = ProcessorSettings.from_pretrained_dir(directory, kind)
         return self._settings[repo_id]
 
     def detect(self, image: LoadedImage) -> Detections:
@@ -87,17 +90,17 @@ class Runtime:
             detector = self._detector
         return detector.detect(image.model_rgb)
 
-    def forward(self, model: nn.Module, pixel_values: torch.Tensor, **kwargs: Any) -> dict[str, torch.Tensor]:
-        """The model's float32 outputs for a batch of inputs, run in chunks of `batch_size`."""
-        chunks: list[dict[str, torch.Tensor]] = []
+    def forward(self, model: nn.Module, pixel_values: torch.Tensor, **kwargs: Any) -> Any:
+        """The model's output dataclass for a batch of inputs, run in chunks of `batch_size`; its tensor
+        fields are float32 and hold the whole batch."""
+        chunks = []
         with torch.inference_mode():
             for start in range(0, len(pixel_values), self.batch_size):
                 batch = pixel_values[start : start + self.batch_size].to(self.device, self.dtype)
-                output = model(batch, **kwargs)
-                chunks.append({k: v.float() for k, v in vars(output).items() if isinstance(v, torch.Tensor)})
+                chunks.append(model(batch, **kwargs))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return {name: torch.cat([chunk[name] for chunk in chunks]) for name in chunks[0]}
+        return _concatenated(chunks)
 
     # ---- what the app and the command line call ------------------------------------------------------
 
@@ -130,9 +133,10 @@ class Runtime:
         """
         entry = get_task(task)
         loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
-        repo_id = model or entry.repo_id(size)
-        values = entry.coerce_options(options)
-        results = entry.run(self, loaded, repo_id, values, progress)
+        context = PipelineContext(
+            self, entry, model or entry.repo_id(size), entry.coerce_options(options), progress
+        )
+        results = entry.run(context, loaded)
         for image, result in zip(loaded, results, strict=True):
             result.notes = list(image.notes) + result.notes
             result.device, result.dtype = self.device_label, self.dtype_label
@@ -143,13 +147,11 @@ class Runtime:
     ) -> list[TaskResult]:
         """Every picture task on one photo, sharing the cached models (the body-part model among them)."""
         loaded = image if isinstance(image, LoadedImage) else load_image(image)
-        names = [name for name, task in TASKS.items() if task.in_overview]
         results = []
-        for index, name in enumerate(names):
+        for index, name in enumerate(ALL_TASKS):
             task = TASKS[name]
-            chosen = size if size in task.repos else None
-            step = _sub_progress(progress, index, len(names), task.title)
-            results.append(self.run(name, loaded, size=chosen, progress=step))
+            step = _sub_progress(progress, index, len(ALL_TASKS), task.title)
+            results.append(self.run(name, loaded, size=task.size_or_default(size), progress=step))
         return results
 
     def download_note(self, task: str, size: str | None = None) -> str | None:
@@ -176,3 +178,16 @@ def _sub_progress(progress: Progress | None, index: int, count: int, title: str)
     if progress is None:
         return None
     return lambda fraction, text: progress((index + fraction) / count, f"{title}: {text}")
+
+
+def _concatenated(chunks: Sequence[Any]) -> Any:
+    """One output dataclass from the outputs of consecutive chunks: tensor fields joined and made float32."""
+    first = chunks[0]
+    joined = {}
+    for field in dataclasses.fields(first):
+        values = [getattr(chunk, field.name) for chunk in chunks]
+        if isinstance(values[0], torch.Tensor):
+            joined[field.name] = torch.cat([value.float() for value in values])
+        else:
+            joined[field.name] = values[0]
+    return type(first)(**joined)

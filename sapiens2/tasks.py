@@ -3,31 +3,31 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .kinds import MATTING, NORMAL, POINTMAP, POSE, PRETRAIN, SEG, ModelKind
 from .options import Option
 
-Runner = Callable[..., list]
+if TYPE_CHECKING:
+    from .images import LoadedImage
+    from .pipelines.context import PipelineContext
+    from .results import FrameLog, TaskResult
 
-SIZES = ("0.4b", "0.8b", "1b", "5b")
-
-
-def _repos(kind: str, sizes: tuple[str, ...] = SIZES) -> dict[str, str]:
-    return {size: f"facebook/sapiens2-{kind}-{size}" for size in sizes}
+Runner = Callable[["PipelineContext", "Sequence[LoadedImage]"], "list[TaskResult]"]
 
 
 @dataclass(frozen=True)
 class Task:
-    """One task: its checkpoints per size, its options, what it draws and what it exports."""
+    """One task: the kind of checkpoint it runs, its options, what it draws and what it exports."""
 
     name: str
     title: str
     description: str
-    repos: Mapping[str, str]
+    kind: ModelKind
     default_size: str
     options: tuple[Option, ...]
     picture_titles: tuple[str, ...]
@@ -36,8 +36,15 @@ class Task:
     runner: Runner
     in_overview: bool = True
     # Another model some options use: the body-part model masking normals and depth.
-    helper_repos: Mapping[str, str] | None = None
+    helper: ModelKind | None = None
     helper_option: str | None = None
+    # For videos: a record of every frame written beside the video (pose: the official demo's JSON).
+    frame_log: Callable[[], FrameLog] | None = None
+
+    @property
+    def repos(self) -> dict[str, str]:
+        """Official checkpoint repo id per model size, smallest first."""
+        return {size: self.kind.repo_id(size) for size in self.kind.sizes}
 
     @property
     def export_kinds(self) -> tuple[str, ...]:
@@ -51,6 +58,10 @@ class Task:
             raise ValueError(f"{self.title} has no {size} model; choose one of {', '.join(self.repos)}.")
         return self.repos[size]
 
+    def size_or_default(self, size: str | None) -> str:
+        """`size` when this task has a model of that size, else the task's default size."""
+        return size if size in self.repos else self.default_size
+
     def coerce_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Every option of the task, from `values` where given, else its default; unknown names refused."""
         known = {option.name: option for option in self.options}
@@ -59,16 +70,17 @@ class Task:
             raise ValueError(f"{self.title} has no option {', '.join(unknown)}; it takes {', '.join(known)}.")
         return {name: option.coerce(values.get(name)) for name, option in known.items()}
 
-    def run(self, runtime, images, repo_id: str, options: dict[str, Any], progress=None) -> list:
-        return self.runner(runtime, self, images, repo_id, options, progress)
+    def run(self, context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
+        """One result per photo, in order."""
+        return self.runner(context, images)
 
     def helper_repo_id(self, repo_id: str) -> str | None:
-        """The body-part model paired with `repo_id` (same size, else the smallest, as for a checkpoint given
-        by path), if the task uses one."""
-        if not self.helper_repos:
+        """The helper model paired with `repo_id` (same size, else the helper's smallest, as for a checkpoint
+        given by path), if the task uses one."""
+        if self.helper is None:
             return None
         size = next((s for s, r in self.repos.items() if r == repo_id), None)
-        return self.helper_repos.get(size) or next(iter(self.helper_repos.values()))
+        return self.helper.repo_id(size if size in self.helper.sizes else self.helper.sizes[0])
 
     def repo_ids_needed(self, size: str | None) -> list[str]:
         """Checkpoints a run at `size` with default options may load."""
@@ -78,57 +90,64 @@ class Task:
 
     def approx_download_gb(self, repo_id: str) -> str:
         """A rough download size for messages when the Hub cannot be asked."""
-        return f"{parameter_count(repo_id) * 4 / 1e9:.1f} GB"
+        official = official_checkpoint(repo_id)
+        if official is None:
+            return "an unknown amount"
+        return f"{parameter_count(*official) * 4 / 1e9:.1f} GB"
 
 
 @functools.cache
-def parameter_count(repo_id: str) -> int:
+def parameter_count(kind: ModelKind, size: str) -> int:
     """Parameters of an official checkpoint, counted on a meta-device build of its preset."""
     from .config import Sapiens2Config
     from .models import build_model
     from .presets import preset_config
 
-    kind, size = repo_id.rsplit("/", 1)[-1].removeprefix("sapiens2-").split("-")
     with torch.device("meta"):
-        model = build_model(Sapiens2Config.from_dict(preset_config(size, kind)))
+        model = build_model(Sapiens2Config.from_dict(preset_config(size, kind.name)))
     return sum(p.numel() for p in model.parameters())
+
+
+def official_checkpoint(repo_id: str) -> tuple[ModelKind, str] | None:
+    """(kind, size) of an official repo id that a task or its helper runs; None for any other checkpoint."""
+    kinds = {kind for task in TASKS.values() for kind in (task.kind, task.helper) if kind is not None}
+    return next(((k, s) for k in kinds for s in k.sizes if k.repo_id(s) == repo_id), None)
 
 
 def model_bytes_estimate(repo_id: str, dtype: torch.dtype) -> int | None:
     """Memory an official checkpoint takes at `dtype`; None for checkpoints that are not official repos."""
-    try:
-        return parameter_count(repo_id) * dtype.itemsize
-    except Exception:
-        return None
+    official = official_checkpoint(repo_id)
+    return None if official is None else parameter_count(*official) * dtype.itemsize
 
 
-def model_vram_gib(repo_id: str) -> float:
-    """Rough GPU memory to run a checkpoint in bf16 at 1024x768, batch 1: weights plus activations."""
-    return parameter_count(repo_id) * 2 / 1024**3 + 1.5
+def all_sizes(tasks: Iterable[Task]) -> list[str]:
+    """Every model size of `tasks`, smallest first."""
+    sizes = {size for task in tasks for size in task.repos}
+    return sorted(sizes, key=lambda size: float(size.rstrip("b")))
 
 
 def _build_registry() -> dict[str, Task]:
     from .pipelines import depth, features, matting, normals, pose, segment
 
     background = Option("remove_background", "Remove background (body-part model)", "checkbox", True)
-    seg_repos = _repos("seg")
     tasks = [
         Task(
             "pose",
             "Pose",
             "308 keypoints per person: body, face and hands, on top of a person detector.",
-            _repos("pose"),
+            POSE,
             "0.4b",
             pose.OPTIONS,
             ("Keypoints",),
             ("_pose.json",),
             pose.run,
+            frame_log=pose.FramePoses,
         ),
         Task(
             "segment",
             "Body parts",
             "29 body-part classes for every pixel.",
-            seg_repos,
+            SEG,
             "0.4b",
             segment.OPTIONS,
             ("Body parts", "Legend"),
@@ -139,33 +158,33 @@ def _build_registry() -> dict[str, Task]:
             "normals",
             "Normals",
             "Surface normals of the people in the photo.",
-            _repos("normal"),
+            NORMAL,
             "0.4b",
             (background,),
             ("Normals",),
             ("_normals.npy",),
             normals.run,
-            helper_repos=seg_repos,
+            helper=SEG,
             helper_option="remove_background",
         ),
         Task(
             "depth",
             "Depth",
             "Per-pixel 3D points (pointmap), shown as depth and as a point cloud.",
-            _repos("pointmap"),
+            POINTMAP,
             "0.4b",
             (background,),
             ("Depth",),
             ("_depth.npy", "_points.ply"),
             depth.run,
-            helper_repos=seg_repos,
+            helper=SEG,
             helper_option="remove_background",
         ),
         Task(
             "matting",
             "Matting",
             "Alpha matte and foreground colours: cut people out of the photo.",
-            {"1b": "facebook/sapiens2-matting-1b"},
+            MATTING,
             "1b",
             matting.OPTIONS,
             ("Alpha", "Cut-out", "Composite"),
@@ -176,7 +195,7 @@ def _build_registry() -> dict[str, Task]:
             "features",
             "Features",
             "Pretrained backbone: patch features (PCA colours) and the CLS embedding.",
-            _repos("pretrain", ("0.1b", *SIZES)),
+            PRETRAIN,
             "0.1b",
             (),
             ("Features (PCA)",),

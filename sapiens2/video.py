@@ -2,7 +2,7 @@
 
 Frames are read with OpenCV while the model works on the previous batch (a bounded queue between the two),
 so the accelerator does not wait on decoding. The overlay video keeps the source frame rate divided by the
-stride; pose also gives one JSON of every frame in the official demo's layout.
+stride; a task with a frame log (pose: the official demo's JSON) also writes one record of every frame.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,18 +23,15 @@ import cv2
 import numpy as np
 
 from .errors import Sapiens2Error
-from .export import write_pose_frames_json
 from .images import sanitize_filename
-from .results import TaskResult
 from .runtime import Runtime
-from .tasks import get_task
+from .tasks import Task, get_task
 
 VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".avi", ".mkv", ".webm"})
 DEFAULT_MAX_SECONDS = 10.0
 # Container -> OpenCV codec. mp4v is fast to write and plays in desktop players; browsers play the VP8
 # WebM without a converter (OpenCV's FFmpeg logs a harmless note about the tag when writing it).
 VIDEO_FORMATS = {"mp4": "mp4v", "webm": "VP80"}
-POSE_JSON_SUFFIX = "_predictions.json"  # as write_pose_frames_json names it
 
 Progress = Callable[[float, str], None]
 _END = object()
@@ -59,17 +56,57 @@ class VideoInfo:
         return None if self.frame_count is None else self.frame_count / self.fps
 
 
+@dataclass(frozen=True)
+class VideoJob:
+    """A task to run on a video and what to write.
+
+    Frames go through the model `batch_size` at a time (None: the runtime's); `stride` keeps every n-th
+    frame; `max_frames` and `max_seconds` (of source time; None for no limit) cut the video short. The
+    video shows the task's first picture of each frame, as an mp4v MP4 or, with video_format="webm", a VP8
+    WebM that browsers play; `write_log` also writes the task's frame log, if it has one.
+    """
+
+    task: str
+    path: str | os.PathLike
+    out_dir: str | os.PathLike
+    size: str | None = None
+    model: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    stem: str | None = None
+    max_seconds: float | None = DEFAULT_MAX_SECONDS
+    max_frames: int | None = None
+    stride: int = 1
+    batch_size: int | None = None
+    video_format: str = "mp4"
+    write_video: bool = True
+    write_log: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("stride", "max_frames", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.video_format not in VIDEO_FORMATS:
+            raise ValueError(f"video format {self.video_format!r} is not one of {', '.join(VIDEO_FORMATS)}")
+
+    @property
+    def output_stem(self) -> str:
+        """The stem of the files written: `stem`, else the video's own name made safe."""
+        return self.stem or sanitize_filename(Path(self.path).stem, default="video")
+
+
 @dataclass
 class VideoResult:
-    """A processed video: the video and the pose JSON (None when not written), frames run, the video's
-    frame rate, seconds of wall time, persons detected over all frames (pose) and notes for the user."""
+    """A processed video: the video and the frame log (None when not written), frames run, the video's
+    frame rate, seconds of wall time, persons detected over all frames (None for tasks that detect none)
+    and notes for the user."""
 
     video_path: Path | None
-    json_path: Path | None
+    log_path: Path | None
     frames: int
     fps: float
     seconds: float
-    persons: int = 0
+    persons: int | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -80,7 +117,7 @@ class VideoResult:
     @property
     def files(self) -> list[Path]:
         """The files written."""
-        return [path for path in (self.video_path, self.json_path) if path is not None]
+        return [path for path in (self.video_path, self.log_path) if path is not None]
 
 
 def _open(path: str | os.PathLike) -> cv2.VideoCapture:
@@ -246,145 +283,85 @@ class VideoFileWriter:
             self._temporary.unlink(missing_ok=True)
 
 
-def detected_persons(result: TaskResult) -> list:
-    """The persons of a pose result that the detector found; none when it fell back to the whole image."""
-    prediction = result.prediction
-    return [] if prediction.detections.fallback else prediction.persons
-
-
 def video_outputs(
+    task: Task,
     out_dir: str | os.PathLike,
     stem: str,
-    task: str,
     *,
     video_format: str = "mp4",
     write_video: bool = True,
-    write_json: bool = True,
+    write_log: bool = True,
 ) -> list[Path]:
-    """The files process_video writes: out_dir/{stem}_{task}.mp4 (or .webm) and, for pose,
-    {stem}_predictions.json."""
+    """The files process_video writes: out_dir/{stem}_{task}.mp4 (or .webm) and the task's frame log."""
     if video_format not in VIDEO_FORMATS:
         raise ValueError(f"video format {video_format!r} is not one of {', '.join(VIDEO_FORMATS)}")
     out_dir = Path(out_dir)
-    paths = [out_dir / f"{stem}_{task}.{video_format}"] if write_video else []
-    return paths + ([out_dir / f"{stem}{POSE_JSON_SUFFIX}"] if task == "pose" and write_json else [])
+    paths = [out_dir / f"{stem}_{task.name}.{video_format}"] if write_video else []
+    if task.frame_log is not None and write_log:
+        paths.append(out_dir / f"{stem}{task.frame_log.suffix}")
+    return paths
 
 
-@dataclass
-class _Frames:
-    """What the frame loop gathers: frames run, the frame size and, for pose, each frame's persons."""
+def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = None) -> VideoResult:
+    """Run a video job: the task on the video's frames, writing the video and the task's frame log.
 
-    count: int = 0
-    size: tuple[int, int] = (0, 0)
-    persons: list[tuple[str, list]] = field(default_factory=list)
-
-
-def process_video(
-    runtime: Runtime,
-    task: str,
-    path: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    *,
-    size: str | None = None,
-    model: str | None = None,
-    stem: str | None = None,
-    max_seconds: float | None = DEFAULT_MAX_SECONDS,
-    max_frames: int | None = None,
-    stride: int = 1,
-    batch_size: int | None = None,
-    video_format: str = "mp4",
-    write_video: bool = True,
-    write_json: bool = True,
-    progress: Progress | None = None,
-    **options: Any,
-) -> VideoResult:
-    """Run `task` on the frames of a video; writes {stem}_{task}.mp4 and, for pose, {stem}_predictions.json.
-
-    The video shows the task's first picture of each frame, as an mp4v MP4 or, with video_format="webm",
-    a VP8 WebM that browsers play. Frames go through the model `batch_size` at a time (default: the
-    runtime's); `stride` keeps every n-th frame; `max_frames` and `max_seconds` (of source time; None for
-    no limit) cut the video short. `progress(fraction, text)` follows each batch.
+    `progress(fraction, text)` follows each batch.
     """
-    entry = get_task(task)
-    values = entry.coerce_options(options)
-    batch_size = batch_size or runtime.batch_size
-    for name, value in (("stride", stride), ("max_frames", max_frames), ("batch_size", batch_size)):
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-    stem = stem or sanitize_filename(Path(path).stem, default="video")
-    target = video_outputs(out_dir, stem, entry.name, video_format=video_format)[0]
-    runtime.model(model or entry.repo_id(size))  # load before the clock starts, and fail before decoding
-    capture = _open(path)
+    task = get_task(job.task)
+    options = task.coerce_options(job.options)
+    batch_size = job.batch_size or runtime.batch_size
+    stem = job.output_stem
+    target = video_outputs(task, job.out_dir, stem, video_format=job.video_format)[0]
+    runtime.model(
+        job.model or task.repo_id(job.size)
+    )  # load before the clock starts, and fail before decoding
+    log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
+    capture = _open(job.path)
     try:
         info = _info(capture)
         reader = FrameReader(
             capture,
-            stride=stride,
-            max_frames=max_frames,
-            source_limit=source_frame_limit(info, max_seconds),
+            stride=job.stride,
+            max_frames=job.max_frames,
+            source_limit=source_frame_limit(info, job.max_seconds),
             queue_size=2 * batch_size,
         )
-        sink = VideoFileWriter(target, info.fps / stride) if write_video else None
-        total = planned_frames(info, stride=stride, max_frames=max_frames, max_seconds=max_seconds)
+        sink = VideoFileWriter(target, info.fps / job.stride) if job.write_video else None
+        total = planned_frames(
+            info, stride=job.stride, max_frames=job.max_frames, max_seconds=job.max_seconds
+        )
         start = time.perf_counter()
         with reader, sink or contextlib.nullcontext():
-            frames = _run_frames(
-                runtime,
-                entry.name,
-                reader,
-                sink,
-                batch_size=batch_size,
-                total=total,
-                progress=progress,
-                run_options={"size": size, "model": model, **options},
-            )
-            if frames.count == 0:
-                raise VideoError(f"{Path(path).name}: no frame could be decoded")
+            frames, persons = 0, None
+            for batch in _batches(reader, batch_size):
+                results = runtime.run_batch(
+                    task.name, [rgb for _, rgb in batch], size=job.size, model=job.model, **options
+                )
+                for (index, _), result in zip(batch, results, strict=True):
+                    if sink is not None:
+                        sink.write(result.pictures[0][1])
+                    if log is not None:
+                        log.add(f"{index:06d}", result)
+                    if result.persons is not None:
+                        persons = (persons or 0) + result.persons
+                frames += len(batch)
+                if progress is not None:
+                    fraction = min(frames / total, 1.0) if total else 0.0
+                    progress(fraction, f"{frames} of {total or '?'} frames")
+            if frames == 0:
+                raise VideoError(f"{Path(job.path).name}: no frame could be decoded")
         seconds = time.perf_counter() - start
     finally:
         capture.release()
-    json_path = None
-    if entry.name == "pose" and write_json:
-        json_path = write_pose_frames_json(
-            out_dir, stem, frames.persons, image_size=frames.size, threshold=values["threshold"]
-        )[0]
     return VideoResult(
         video_path=sink.path if sink is not None else None,
-        json_path=json_path,
-        frames=frames.count,
-        fps=info.fps / stride,
+        log_path=log.write(Path(job.out_dir), stem) if log is not None else None,
+        frames=frames,
+        fps=info.fps / job.stride,
         seconds=seconds,
-        persons=sum(len(found) for _, found in frames.persons),
-        notes=_notes(info, max_seconds),
+        persons=persons,
+        notes=_notes(info, job.max_seconds),
     )
-
-
-def _run_frames(
-    runtime: Runtime,
-    task: str,
-    reader: FrameReader,
-    sink: VideoFileWriter | None,
-    *,
-    batch_size: int,
-    total: int | None,
-    progress: Progress | None,
-    run_options: dict[str, Any],
-) -> _Frames:
-    """Run `task` on the decoded frames, `batch_size` at a time, writing each frame's first picture."""
-    frames = _Frames()
-    for batch in _batches(reader, batch_size):
-        results = runtime.run_batch(task, [rgb for _, rgb in batch], **run_options)
-        frames.size = batch[0][1].shape[:2]
-        for (index, _), result in zip(batch, results, strict=True):
-            if sink is not None:
-                sink.write(result.pictures[0][1])
-            if task == "pose":
-                frames.persons.append((f"{index:06d}", detected_persons(result)))
-        frames.count += len(batch)
-        if progress is not None:
-            fraction = min(frames.count / total, 1.0) if total else 0.0
-            progress(fraction, f"{frames.count} of {total or '?'} frames")
-    return frames
 
 
 def _batches(reader: FrameReader, size: int) -> Iterator[list[tuple[int, np.ndarray]]]:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import cache
-from typing import Any
 
 import cv2
 import numpy as np
 
 from sapiens2.metadata import BodyPartMeta, KeypointMeta
+from sapiens2.pose import Person
+from sapiens2.postprocess import alpha_to_uint8
 
 DEPTH_BACKGROUND = 128  # grey level (128, 128, 128): far from every turbo colour, reads as "no data"
 CHECKER_GREYS = (204, 153)
@@ -56,20 +57,6 @@ def _text(canvas: np.ndarray, text: str, origin: tuple[int, int], scale: float, 
     cv2.putText(canvas, text, origin, _FONT, scale, color, thickness, cv2.LINE_AA)
 
 
-def person_arrays(person: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """box (4,) x, y, w, h, keypoints (K, 2) and scores (K,) of a person given as a mapping or an object."""
-
-    def field(name: str) -> np.ndarray:
-        value = person[name] if isinstance(person, Mapping) else getattr(person, name)
-        return np.asarray(value, dtype=np.float64)
-
-    box, keypoints, scores = field("box").reshape(4), field("keypoints").reshape(-1, 2), field("scores")
-    scores = scores.reshape(-1)
-    if len(scores) != len(keypoints):
-        raise ValueError(f"{len(keypoints)} keypoints but {len(scores)} scores")
-    return box, keypoints, scores
-
-
 def _small_keypoints(meta: KeypointMeta) -> np.ndarray:
     """True for the face and hand keypoints, drawn smaller than the body's."""
     small = np.zeros(len(meta.names), dtype=bool)
@@ -80,14 +67,13 @@ def _small_keypoints(meta: KeypointMeta) -> np.ndarray:
 
 def draw_pose(
     image: np.ndarray,
-    persons: Sequence[Any],
+    persons: Sequence[Person],
     meta: KeypointMeta,
     threshold: float = 0.3,
     show_boxes: bool = False,
 ) -> np.ndarray:
     """Skeletons over the image: links, then keypoints whose score is at least threshold.
 
-    Each person is a mapping or object with box (x, y, w, h), keypoints (K, 2) and scores (K,).
     Sizes follow the image size, and shrink for persons much smaller than the image.
     """
     canvas = _rgb(image).copy()
@@ -97,7 +83,7 @@ def draw_pose(
     image_unit = max(canvas.shape[:2]) / 640
     limit = 8 * max(canvas.shape[:2])  # keeps wild coordinates inside OpenCV's integer range
     for person in persons:
-        box, keypoints, scores = person_arrays(person)
+        box, keypoints, scores = person.box, person.keypoints, person.scores
         unit = max(0.5, min(image_unit, max(box[2], box[3]) / 320))
         thickness, radius = max(1, round(2 * unit)), max(2, round(3 * unit))
         small_radius = max(1, round(unit))
@@ -212,14 +198,6 @@ def depth_picture(depth: np.ndarray, foreground_mask: np.ndarray) -> np.ndarray:
     index = index.astype(np.uint8)
     colors = cv2.applyColorMap(index, _turbo_table())
     return _keep_only(colors, valid, DEPTH_BACKGROUND)
-
-
-def alpha_to_uint8(alpha: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:
-    """An (H, W) alpha matte in [0, 1] (or already uint8) as uint8 0-255, rounded."""
-    alpha = _plane(alpha, shape, "alpha")
-    if alpha.dtype == np.uint8:
-        return alpha
-    return cv2.convertScaleAbs(np.clip(alpha.astype(np.float32, copy=False), 0.0, 1.0), alpha=255.0)
 
 
 def alpha_picture(alpha: np.ndarray) -> np.ndarray:

@@ -55,6 +55,7 @@ def small_mirror(tiny_mirror, tmp_path_factory):
 
     from tiny_models import repo_task_size, write_tiny_checkpoint
 
+    from sapiens2.kinds import get_kind
     from sapiens2.processing import ProcessorSettings
     from sapiens2.tasks import TASKS
 
@@ -66,7 +67,7 @@ def small_mirror(tiny_mirror, tmp_path_factory):
             write_tiny_checkpoint(root / repo_id, kind, size=size, image_size=(256, 192))
         else:
             shutil.copytree(tiny_mirror / repo_id, root / repo_id)
-        padded = ProcessorSettings.for_task("features" if kind == "pretrain" else kind).do_pad
+        padded = ProcessorSettings.for_kind(get_kind(kind)).do_pad
         settings = {"size": {"height": 256, "width": 192}, "do_pad": padded}
         (root / repo_id / "preprocessor_config.json").write_text(json.dumps(settings))
     return root

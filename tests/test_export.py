@@ -1,5 +1,6 @@
 """Export writers: pose JSON against its schema, PNG/npy round trips, binary PLY, atomic writes."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -12,6 +13,7 @@ from PIL import Image
 from sapiens2 import export
 from sapiens2.detector import Detections
 from sapiens2.metadata import keypoints308
+from sapiens2.pose import Person
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "docs" / "pose-json-schema.json").read_text())
@@ -56,14 +58,15 @@ def photo(request) -> np.ndarray:
     return np.asarray(Image.open(ROOT / "assets" / request.param).convert("RGB"))
 
 
-def _persons(count: int, height: int, width: int) -> list[dict]:
+def _persons(count: int, height: int, width: int, box_scores=None) -> list[Person]:
     rng = np.random.default_rng(count)
     return [
-        {
-            "box": [width * 0.1 * (i + 1), height * 0.1, width * 0.3, height * 0.8],
-            "keypoints": rng.uniform(0, min(height, width), (308, 2)),
-            "scores": rng.uniform(0, 1, 308).astype(np.float32),
-        }
+        Person(
+            box=[width * 0.1 * (i + 1), height * 0.1, width * 0.3, height * 0.8],
+            keypoints=rng.uniform(0, min(height, width), (308, 2)),
+            scores=rng.uniform(0, 1, 308).astype(np.float32),
+            box_score=None if box_scores is None else box_scores[i],
+        )
         for i in range(count)
     ]
 
@@ -76,8 +79,8 @@ def _ellipse_mask(height: int, width: int) -> np.ndarray:
 
 def test_pose_json_validates_against_the_schema(tmp_path, photo):
     height, width = photo.shape[:2]
-    persons = _persons(2, height, width)
-    boxes = np.array([p["box"] for p in persons], np.float32)
+    persons = _persons(2, height, width, box_scores=[0.9, 0.6])
+    boxes = np.array([p.box for p in persons], np.float32)
     detections = Detections(boxes, np.array([0.9, 0.6], np.float32), found=5)
     names = keypoints308().names
     paths = export.write_pose_json(
@@ -94,10 +97,11 @@ def test_pose_json_validates_against_the_schema(tmp_path, photo):
     np.testing.assert_allclose(first["box_xywh"], boxes[0], atol=0.01)
     assert [k["name"] for k in first["keypoints"]] == list(names)
     xy = [[k["x"], k["y"]] for k in first["keypoints"]]
-    np.testing.assert_allclose(xy, persons[0]["keypoints"], atol=0.01)
-    np.testing.assert_allclose([k["score"] for k in first["keypoints"]], persons[0]["scores"], atol=1e-4)
+    np.testing.assert_allclose(xy, persons[0].keypoints, atol=0.01)
+    np.testing.assert_allclose([k["score"] for k in first["keypoints"]], persons[0].scores, atol=1e-4)
 
-    given = export.pose_document(persons[:1], image_size=(height, width), keypoint_names=names, model_id="m")
+    boxes_given = [dataclasses.replace(persons[0], box_score=None)]
+    given = export.pose_document(boxes_given, image_size=(height, width), keypoint_names=names, model_id="m")
     assert schema_errors(given, SCHEMA) == []
     assert given["detector"] == {"fallback": False, "capped": False, "found": None}
     assert given["persons"][0]["box_score"] is None
@@ -111,7 +115,7 @@ def test_pose_json_validates_against_the_schema(tmp_path, photo):
 
 def test_schema_check_rejects_broken_documents():
     names = ["a", "b"]
-    person = {"box": [1, 2, 3, 4], "keypoints": [[1, 2], [3, 4]], "scores": [0.5, 0.6]}
+    person = Person(box=[1, 2, 3, 4], keypoints=[[1, 2], [3, 4]], scores=[0.5, 0.6])
     good = export.pose_document([person], image_size=(10, 20), keypoint_names=names, model_id="m")
     assert schema_errors(good, SCHEMA) == []
     missing = dict(good)
@@ -127,7 +131,7 @@ def test_schema_check_rejects_broken_documents():
 def test_schema_is_valid_json_schema_when_jsonschema_is_installed(tmp_path):
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
-    person = {"box": [1, 2, 3, 4], "keypoints": [[1, 2]], "scores": [0.5]}
+    person = Person(box=[1, 2, 3, 4], keypoints=[[1, 2]], scores=[0.5])
     document = export.pose_document([person], image_size=(10, 20), keypoint_names=["nose"], model_id="m")
     jsonschema.validate(document, SCHEMA)
 
@@ -142,7 +146,7 @@ def test_pose_frames_json_has_the_official_layout(tmp_path):
     assert document["num_keypoints"] == 308 and document["kpt_thr_used"] == 0.3
     assert [f["image_name"] for f in document["frames"]] == ["000001.jpg", "000002.jpg"]
     instance = document["frames"][0]["instances"][1]
-    x, y, w, h = persons[1]["box"]
+    x, y, w, h = persons[1].box
     np.testing.assert_allclose(instance["bbox"], [x, y, x + w, y + h], atol=0.01)
     assert np.array(instance["keypoints"]).shape == (308, 2) and len(instance["keypoint_scores"]) == 308
     assert document["frames"][1]["instances"] == []

@@ -18,7 +18,6 @@ from sapiens2.images import (
     MIN_SIDE,
     ImageInputError,
     LoadedImage,
-    fit_longest_side,
     load_image,
     sanitize_filename,
 )
@@ -188,14 +187,6 @@ def test_small_image_is_its_own_model_image(battery: dict[str, BadInput]) -> Non
     image = load_image(battery["bmp"].path)
     assert image.scale == 1.0 and image.notes == []
     assert image.model_rgb is image.rgb
-
-
-def test_fit_longest_side() -> None:
-    rgb = np.zeros((100, 50, 3), np.uint8)
-    small, scale = fit_longest_side(rgb, 40)
-    assert small.shape == (40, 20, 3) and scale == 0.4
-    same, scale = fit_longest_side(rgb, 400)
-    assert same is rgb and scale == 1.0
 
 
 def test_first_frame_of_animations_and_page_of_tiffs(battery: dict[str, BadInput]) -> None:

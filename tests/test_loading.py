@@ -28,9 +28,10 @@ import sapiens2
 from sapiens2 import hub, presets
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from sapiens2.kinds import KINDS
 from sapiens2.models import build_model
 
-TASKS = (("pretrain", "0.1b"), ("pose", "1b"), ("seg", "0.4b"), ("normal", "5b"), ("pointmap", "0.8b"),
+KIND_SIZES = (("pretrain", "0.1b"), ("pose", "1b"), ("seg", "0.4b"), ("normal", "5b"), ("pointmap", "0.8b"),
          ("matting", "1b"))
 REPO = "facebook/sapiens2-pose-0.4b"
 # Official 0.4b pose: backbone 395,450,368 parameters (official Sapiens2 "sapiens2_0.4b" built on the meta
@@ -62,12 +63,12 @@ def assert_loaded_from(model: torch.nn.Module, weights: dict[str, torch.Tensor],
 # ---- sources ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("task, size", TASKS)
+@pytest.mark.parametrize("task, size", KIND_SIZES)
 def test_directory_loads_every_tensor_strictly_in_eval_mode(tmp_path, task, size):
     directory = write_tiny_checkpoint(tmp_path, task, size=size, image_size=(160, 96))
     model = sapiens2.from_pretrained(directory, device="cpu")
     assert not model.training
-    assert type(model).__name__ == presets.ARCHITECTURES[task]
+    assert type(model).__name__ == KINDS[task].architecture
     assert_loaded_from(model, load_file(directory / hub.WEIGHTS_NAME), torch.float32)
 
 
@@ -135,7 +136,7 @@ def test_real_pose_preset_has_the_official_parameter_count_and_checkpoint_names(
 def test_every_preset_builds_on_the_meta_device(size, task):
     with torch.device("meta"):
         model = build_model(Sapiens2Config.from_dict(presets.preset_config(size, task)))
-    assert type(model).__name__ == presets.ARCHITECTURES[task]
+    assert type(model).__name__ == KINDS[task].architecture
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ interpolates a 1x1 colour tensor.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,17 +17,18 @@ import torch
 import torch.nn.functional as F
 from transformers import Sapiens2ImageProcessor
 
-from sapiens2.pose import average_flip, decode_keypoints, decode_pose
+from sapiens2.kinds import NORMAL
+from sapiens2.pose import DARK_KERNEL_SIZE, average_flip, decode_keypoints
 from sapiens2.postprocess import (
     composite,
     matting_to_image,
     normals_to_image,
     pointmap_to_image,
+    resize_maps,
     segmentation_labels,
-    segmentation_scores,
     to_hwc,
 )
-from sapiens2.processing import ProcessorSettings
+from sapiens2.processing import BOX_PADDING, ProcessorSettings, as_boxes
 
 KEYPOINT_TOLERANCE = 1e-3
 UNDEFINED_TOLERANCE = 0.05  # keypoints of maps with no positive value (score <= 0)
@@ -63,7 +65,7 @@ def test_segmentation_matches_reference(size: tuple[int, int]) -> None:
         SimpleNamespace(logits=logits), target_sizes=[size, size], return_segmentation_scores=True
     )
     labels = segmentation_labels(logits, size)
-    scores = segmentation_scores(logits, size)
+    scores = resize_maps(logits, size)
     for index, expected in enumerate(reference):
         assert torch.equal(scores[index], expected["segmentation_scores"])
         _assert_labels_equal_but_ties(labels[index], scores[index], expected["segmentation"])
@@ -74,7 +76,7 @@ def test_segmentation_without_resize_matches_reference() -> None:
     reference = _reference((16, 12)).post_process_semantic_segmentation(SimpleNamespace(logits=logits))
     for ours, expected in zip(segmentation_labels(logits), reference, strict=True):
         assert torch.equal(ours, expected)
-    assert segmentation_scores(logits) is logits
+    assert resize_maps(logits, (16, 12)) is logits
 
 
 def _body_part_logits(height: int, width: int, classes: int, seed: int) -> torch.Tensor:
@@ -116,6 +118,33 @@ def _heatmaps(persons: int, keypoints: int, height: int, width: int, seed: int) 
     distance = (xs - centers[..., 0, None, None]) ** 2 + (ys - centers[..., 1, None, None]) ** 2
     noise = 0.01 * torch.randn(persons, keypoints, height, width, generator=generator)
     return peaks * torch.exp(-distance / 8) + noise
+
+
+@dataclass(frozen=True)
+class PersonPose:
+    """One person as transformers' post_process_pose_estimation gives it."""
+
+    keypoints: torch.Tensor
+    scores: torch.Tensor
+    labels: torch.Tensor
+    box_xyxy: torch.Tensor
+
+
+def decode_pose(
+    heatmaps, boxes_xywh, input_size=(1024, 768), heatmaps_flipped=None, threshold=None
+) -> list[PersonPose]:
+    """decode_keypoints' results laid out like the reference's, keypoints at or under `threshold` dropped."""
+    keypoints, scores = decode_keypoints(
+        heatmaps, boxes_xywh, input_size, heatmaps_flipped, DARK_KERNEL_SIZE, BOX_PADDING
+    )
+    boxes = as_boxes(boxes_xywh)
+    boxes_xyxy = torch.cat([boxes[:, :2], boxes[:, :2] + boxes[:, 2:]], dim=-1)
+    labels = torch.arange(keypoints.shape[1])
+    people = []
+    for person_keypoints, person_scores, box in zip(keypoints, scores, boxes_xyxy, strict=True):
+        keep = person_scores > threshold if threshold is not None else slice(None)
+        people.append(PersonPose(person_keypoints[keep], person_scores[keep], labels[keep], box))
+    return people
 
 
 IMAGE_BOXES = [[[10.0, 20.0, 150.5, 300.25], [200.0, 5.0, 80.0, 60.0]], [[-30.0, 40.0, 400.0, 90.0]]]
@@ -228,7 +257,7 @@ def test_normals_at_default_size_match_reference() -> None:
     reference = Sapiens2ImageProcessor(do_pad=True).post_process_normal_estimation(
         SimpleNamespace(normals=normals), source_sizes=[source_size]
     )
-    ours = normals_to_image(normals, source_size, ProcessorSettings.for_task("normal"))
+    ours = normals_to_image(normals, source_size, ProcessorSettings.for_kind(NORMAL))
     assert (ours[0] - reference[0]["normals"]).abs().max() <= MAP_TOLERANCE
 
 

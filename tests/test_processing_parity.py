@@ -16,6 +16,7 @@ from PIL import Image
 from transformers import Sapiens2ImageProcessor
 
 from sapiens2.errors import ConfigError
+from sapiens2.kinds import KINDS
 from sapiens2.processing import ProcessorSettings, crop_persons, preprocess
 
 TOLERANCE = 1e-4
@@ -159,16 +160,10 @@ def test_non_rgb_uint8_arrays_are_refused(image: np.ndarray) -> None:
         preprocess(image, ProcessorSettings())
 
 
-def test_task_defaults_pad_only_normal_albedo_and_pointmap() -> None:
-    tasks = ("pose", "seg", "normal", "albedo", "pointmap", "matting", "features")
-    assert {task for task in tasks if ProcessorSettings.for_task(task).do_pad} == {
-        "normal",
-        "albedo",
-        "pointmap",
-    }
-    assert ProcessorSettings.for_task("seg") == ProcessorSettings()
-    with pytest.raises(ConfigError):
-        ProcessorSettings.for_task("depth")
+def test_kind_defaults_pad_only_normal_and_pointmap() -> None:
+    padded = {kind.name for kind in KINDS.values() if ProcessorSettings.for_kind(kind).do_pad}
+    assert padded == {"normal", "pointmap"}
+    assert ProcessorSettings.for_kind(KINDS["seg"]) == ProcessorSettings()
 
 
 def _write_config(directory: Path, config: dict) -> Path:
@@ -195,9 +190,8 @@ def test_settings_keep_processor_defaults_for_missing_keys(tmp_path: Path) -> No
 
 
 def test_settings_fall_back_to_task_defaults_without_a_file(tmp_path: Path) -> None:
-    assert ProcessorSettings.from_pretrained_dir(tmp_path, task="normal") == ProcessorSettings.for_task(
-        "normal"
-    )
+    normal = KINDS["normal"]
+    assert ProcessorSettings.from_pretrained_dir(tmp_path, normal) == ProcessorSettings.for_kind(normal)
     with pytest.raises(ConfigError):
         ProcessorSettings.from_pretrained_dir(tmp_path)
 

@@ -9,8 +9,9 @@ from PIL import Image
 
 from sapiens2.detector import YoloPersonDetector
 from sapiens2.images import load_image
+from sapiens2.kinds import SEG
 from sapiens2.metadata import body_parts
-from sapiens2.pipelines.common import whole_photo_inputs
+from sapiens2.processing import preprocess
 from sapiens2.runtime import Runtime
 from sapiens2.tasks import ALL_TASKS, TASKS, get_task
 
@@ -39,8 +40,8 @@ def half_background(runtime, photo):
     """Shift the tiny body-part model's background logit so that about half the photo is background."""
     repo_id = get_task("segment").repo_id(None)
     model = runtime.model(repo_id)
-    inputs = whole_photo_inputs([photo], runtime.settings(repo_id, "seg"))
-    logits = runtime.forward(model, inputs)["logits"][0]
+    inputs = preprocess([photo.model_rgb], runtime.settings(repo_id, SEG))
+    logits = runtime.forward(model, inputs).logits[0]
     margin = logits[1:].amax(dim=0) - logits[0]
     with torch.no_grad():
         model.decode_head.conv_seg.bias[0] += margin.median()
@@ -99,7 +100,7 @@ def test_pose_json_has_every_person_and_keypoint(runtime, photo, tmp_path):
     for record, person in zip(document["persons"], persons, strict=True):
         assert len(record["keypoints"]) == 308
         np.testing.assert_allclose(
-            [k["x"] for k in record["keypoints"]], person["keypoints"][:, 0], atol=0.01
+            [k["x"] for k in record["keypoints"]], person.keypoints[:, 0], atol=0.01
         )
     assert document["image"] == {"width": photo.original_size[1], "height": photo.original_size[0]}
 
@@ -108,7 +109,7 @@ def test_flip_test_changes_keypoints_but_not_their_count(runtime, photo):
     plain = runtime.run("pose", photo).prediction.persons
     flipped = runtime.run("pose", photo, flip_test=True).prediction.persons
     assert len(plain) == len(flipped)
-    assert not np.allclose(plain[0]["keypoints"], flipped[0]["keypoints"])
+    assert not np.allclose(plain[0].keypoints, flipped[0].keypoints)
 
 
 def test_segmentation_export_matches_prediction(runtime, photo, tmp_path):

@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from sapiens2.runtime import Runtime
-from sapiens2.video import FrameReader, VideoError, planned_frames, process_video, video_info, video_outputs
+from sapiens2.tasks import get_task
+from sapiens2.video import (
+    FrameReader,
+    VideoError,
+    VideoJob,
+    planned_frames,
+    process_video,
+    video_info,
+    video_outputs,
+)
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 FRAMES, HEIGHT, WIDTH, FPS = 6, 256, 192, 12.0
@@ -71,8 +80,9 @@ def test_the_synthetic_clip_reads_back(clip):
 def test_pose_video_and_its_frame_list(runtime, clip, tmp_path):
     path, _ = clip
     calls = []
-    result = process_video(runtime, "pose", path, tmp_path, progress=lambda f, text: calls.append((f, text)))
-    assert result.files == video_outputs(tmp_path, "walk", "pose")
+    job = VideoJob("pose", path, tmp_path)
+    result = process_video(runtime, job, progress=lambda f, text: calls.append((f, text)))
+    assert result.files == video_outputs(get_task("pose"), tmp_path, "walk")
     assert result.files == [tmp_path / "walk_pose.mp4", tmp_path / "walk_predictions.json"]
     frames, fps = read_video(result.video_path)
     assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
@@ -80,7 +90,7 @@ def test_pose_video_and_its_frame_list(runtime, clip, tmp_path):
     assert result.frames_per_second > 0
     assert calls[-1] == (1.0, f"{FRAMES} of {FRAMES} frames") and len(calls) == 2  # batches of 4 and 2
 
-    document = json.loads(result.json_path.read_text())
+    document = json.loads(result.log_path.read_text())
     assert document["video"] == "walk" and document["image_size"] == [HEIGHT, WIDTH]
     assert document["num_keypoints"] == KEYPOINTS and document["kpt_thr_used"] == 0.3
     assert [frame["image_name"] for frame in document["frames"]] == [f"{i:06d}" for i in range(FRAMES)]
@@ -97,8 +107,9 @@ def test_pose_video_and_its_frame_list(runtime, clip, tmp_path):
 
 def test_segmentation_video_shows_each_frame_overlay_in_order(runtime, clip, tmp_path):
     path, source = clip
-    result = process_video(runtime, "segment", path, tmp_path, opacity=0.8)
-    assert result.json_path is None and result.files == [tmp_path / "walk_segment.mp4"]
+    result = process_video(runtime, VideoJob("segment", path, tmp_path, options={"opacity": 0.8}))
+    assert result.log_path is None and result.persons is None
+    assert result.files == [tmp_path / "walk_segment.mp4"]
     frames, fps = read_video(result.video_path)
     assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
     overlays = [result.pictures[0][1] for result in runtime.run_batch("segment", source, opacity=0.8)]
@@ -121,7 +132,7 @@ def test_segmentation_video_shows_each_frame_overlay_in_order(runtime, clip, tmp
 def test_stride_and_limits_choose_the_frames(runtime, clip, tmp_path, options, frames, fps):
     path, _ = clip
     expected = planned_frames(video_info(path), **options)
-    result = process_video(runtime, "segment", path, tmp_path, **options)
+    result = process_video(runtime, VideoJob("segment", path, tmp_path, **options))
     assert result.frames == expected == frames and result.fps == fps
     written, rate = read_video(result.video_path)
     assert len(written) == frames and rate == pytest.approx(fps)
@@ -132,12 +143,12 @@ def test_stride_and_limits_choose_the_frames(runtime, clip, tmp_path, options, f
 
 def test_a_webm_for_browsers(runtime, clip, tmp_path):
     path, _ = clip
-    result = process_video(runtime, "segment", path, tmp_path, max_frames=3, video_format="webm")
+    result = process_video(runtime, VideoJob("segment", path, tmp_path, max_frames=3, video_format="webm"))
     assert result.files == [tmp_path / "walk_segment.webm"]
     frames, fps = read_video(result.video_path)
     assert len(frames) == 3 and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
     with pytest.raises(ValueError, match="not one of mp4, webm"):
-        process_video(runtime, "segment", path, tmp_path, video_format="gif")
+        VideoJob("segment", path, tmp_path, video_format="gif")
 
 
 class FakeCapture:
@@ -181,7 +192,7 @@ def test_a_damaged_video_is_refused_by_name(runtime, tmp_path):
     damaged = tmp_path / "damaged.mp4"
     damaged.write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 8)
     with pytest.raises(VideoError, match="damaged.mp4"):
-        process_video(runtime, "segment", damaged, tmp_path / "out")
+        process_video(runtime, VideoJob("segment", damaged, tmp_path / "out"))
     with pytest.raises(VideoError, match="no such video"):
         video_info(tmp_path / "missing.mp4")
     assert not (tmp_path / "out").exists()
@@ -199,5 +210,5 @@ def test_a_failure_midway_leaves_no_partial_video(runtime, clip, tmp_path, monke
 
     monkeypatch.setattr(runtime, "run_batch", failing_second_batch)
     with pytest.raises(RuntimeError, match="out of patience"):
-        process_video(runtime, "segment", path, tmp_path)
+        process_video(runtime, VideoJob("segment", path, tmp_path))
     assert calls == [4, 2] and list(tmp_path.iterdir()) == []

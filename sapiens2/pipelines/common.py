@@ -1,14 +1,18 @@
-"""Steps shared by the whole-photo tasks: model inputs from photos and maps back at the photo's size."""
+"""Steps shared by the whole-photo tasks: model inputs from photos and results timed per photo."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from ..images import LoadedImage
+from ..kinds import ModelKind
 from ..processing import ProcessorSettings, preprocess
 from ..results import TaskResult, Timings
+from .context import PipelineContext
 
 
 def model_sizes(images: Sequence[LoadedImage]) -> list[tuple[int, int]]:
@@ -16,38 +20,46 @@ def model_sizes(images: Sequence[LoadedImage]) -> list[tuple[int, int]]:
     return [image.model_rgb.shape[:2] for image in images]
 
 
-def whole_photo_inputs(images: Sequence[LoadedImage], settings: ProcessorSettings) -> torch.Tensor:
-    """Normalized model inputs (N, 3, H, W) for whole photos."""
-    return preprocess([image.model_rgb for image in images], settings)
-
-
 def forward_photos(
-    runtime, repo_id: str, task: str, images: Sequence[LoadedImage], timings: Timings, progress=None
-) -> tuple[dict[str, torch.Tensor], ProcessorSettings]:
-    """The model's outputs for whole photos, with the repo's processor settings; time goes to `model`."""
-    model = runtime.model(repo_id, progress)
-    settings = runtime.settings(repo_id, task)
-    with timings.measure("model"):
-        outputs = runtime.forward(model, whole_photo_inputs(images, settings))
+    context: PipelineContext,
+    images: Sequence[LoadedImage],
+    repo_id: str | None = None,
+    kind: ModelKind | None = None,
+) -> tuple[Any, ProcessorSettings]:
+    """The output dataclass of `repo_id`'s model (default: the task's) for whole photos, and its processor
+    settings; preprocessing and the forward count as model time."""
+    model = context.model(repo_id)
+    settings = context.settings(repo_id, kind)
+    with context.timings.measure("model"):
+        outputs = context.forward(model, preprocess([image.model_rgb for image in images], settings))
     return outputs, settings
 
 
-def rows(outputs: dict[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:
-    """Photo `index`'s slice (kept batched, 1 x ...) of every output."""
-    return {name: value[index : index + 1] for name, value in outputs.items()}
+def row(outputs: Any, index: int) -> Any:
+    """Photo `index`'s slice (kept batched, 1 x ...) of every tensor field of an output dataclass."""
+    values = {
+        item.name: value[index : index + 1] if isinstance(value, torch.Tensor) else value
+        for item in dataclasses.fields(outputs)
+        for value in [getattr(outputs, item.name)]
+    }
+    return type(outputs)(**values)
 
 
 def photo_results(
-    images: Sequence[LoadedImage], timings: Timings, make: Callable[[int, LoadedImage], TaskResult]
+    context: PipelineContext,
+    images: Sequence[LoadedImage],
+    make: Callable[[int, LoadedImage], TaskResult],
+    own_timings: Sequence[Timings] | None = None,
 ) -> list[TaskResult]:
-    """One result per photo from `make(index, image)`, timed as post-processing, each carrying its share of
-    the batch's `timings` too."""
-    share = timings.share(len(images))
+    """One result per photo from `make(index, image)`, timed as post-processing; each carries its share of
+    the batch's timings plus its `own_timings` (those measured for that photo alone, such as detection)."""
+    share = context.timings.share(len(images))
     results = []
     for index, image in enumerate(images):
         post = Timings()
         with post.measure("post"):
             result = make(index, image)
-        result.timings = Timings(share.detection, share.model, share.post + post.post)
+        alone = own_timings[index] if own_timings is not None else Timings()
+        result.timings = share + alone + post
         results.append(result)
     return results

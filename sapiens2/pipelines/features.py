@@ -6,30 +6,28 @@ from collections.abc import Sequence
 
 from ..export import write_features
 from ..images import LoadedImage
-from ..results import TaskResult, Timings
+from ..results import TaskResult
 from ..visualize import pca_picture
 from .common import forward_photos, photo_results
+from .context import PipelineContext
 
 
-def run(
-    runtime, task, images: Sequence[LoadedImage], repo_id: str, options: dict, progress=None
-) -> list[TaskResult]:
-    timings = Timings()
-    outputs, settings = forward_photos(runtime, repo_id, "features", images, timings, progress)
-    patch = runtime.model(repo_id).config.patch_size
+def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
+    outputs, settings = forward_photos(context, images)
+    patch = context.model().config.patch_size
     rows, columns = settings.height // patch[0], settings.width // patch[1]
-    tokens = outputs["last_hidden_state"]
+    tokens = outputs.last_hidden_state
 
     def make(index: int, image: LoadedImage) -> TaskResult:
         cls = tokens[index, 0].cpu().numpy()
         patches = tokens[index, -rows * columns :].T.reshape(-1, rows, columns).cpu().numpy()
         return TaskResult(
-            task=task.name,
-            model_id=repo_id,
+            task=context.task.name,
+            model_id=context.repo_id,
             pictures=[("Features (PCA)", pca_picture(patches, image.original_size))],
             prediction=(cls, patches),
             exporter=lambda directory, stem: write_features(directory, stem, cls, patches),
             summary=f"{patches.shape[0]}-dimensional features on a {rows}x{columns} patch grid.",
         )
 
-    return photo_results(images, timings, make)
+    return photo_results(context, images, make)

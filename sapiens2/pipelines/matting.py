@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -10,9 +11,10 @@ from ..export import write_matting, write_picture
 from ..images import LoadedImage, load_image
 from ..options import Option
 from ..postprocess import composite, matting_to_image, to_hwc
-from ..results import TaskResult, Timings
+from ..results import TaskResult
 from ..visualize import alpha_picture, cutout_on_checkerboard
-from .common import forward_photos, photo_results, rows
+from .common import forward_photos, photo_results
+from .context import PipelineContext
 
 OPTIONS = (
     Option("background_color", "Background colour", "color", "#00b140"),
@@ -20,7 +22,7 @@ OPTIONS = (
 )
 
 
-def _background(options: dict) -> tuple[int, int, int] | np.ndarray:
+def _background(options: Mapping[str, Any]) -> tuple[int, int, int] | np.ndarray:
     """The uploaded background image when there is one, else the colour."""
     image = options["background_image"]
     if image is None:
@@ -37,21 +39,20 @@ def _exporter(rgb: np.ndarray, alpha: np.ndarray, blended: np.ndarray):
     return export
 
 
-def run(
-    runtime, task, images: Sequence[LoadedImage], repo_id: str, options: dict, progress=None
-) -> list[TaskResult]:
-    timings = Timings()
-    background = _background(options)
-    outputs, _ = forward_photos(runtime, repo_id, "matting", images, timings, progress)
+def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
+    background = _background(context.options)
+    outputs, _ = forward_photos(context, images)
 
     def make(index: int, image: LoadedImage) -> TaskResult:
-        output = rows(outputs, index)
-        foreground, alpha = matting_to_image(output["foregrounds"], output["alphas"], image.original_size)
+        part = slice(index, index + 1)
+        foreground, alpha = matting_to_image(
+            outputs.foregrounds[part], outputs.alphas[part], image.original_size
+        )
         blended = to_hwc(composite(foreground, alpha, background)[0])
         matte = to_hwc(alpha[0, 0])
         return TaskResult(
-            task=task.name,
-            model_id=repo_id,
+            task=context.task.name,
+            model_id=context.repo_id,
             pictures=[
                 ("Alpha", alpha_picture(matte)),
                 ("Cut-out", cutout_on_checkerboard(image.rgb, matte)),
@@ -61,4 +62,4 @@ def run(
             exporter=_exporter(image.rgb, matte, blended),
         )
 
-    return photo_results(images, timings, make)
+    return photo_results(context, images, make)

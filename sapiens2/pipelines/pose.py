@@ -5,19 +5,22 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..detector import Detections
-from ..export import write_pose_json
+from ..export import POSE_FRAMES_SUFFIX, write_pose_frames_json, write_pose_json
 from ..images import LoadedImage
 from ..metadata import KeypointMeta, keypoints308
 from ..options import Option
-from ..pose import decode_keypoints
+from ..pose import Person, decode_keypoints
 from ..processing import crop_persons
-from ..results import TaskResult, Timings
+from ..results import FrameLog, TaskResult, Timings
 from ..visualize import draw_pose
+from .common import photo_results
+from .context import PipelineContext
 
 OPTIONS = (
     Option("threshold", "Keypoint threshold", "slider", 0.3, 0.0, 1.0, 0.05),
@@ -30,12 +33,17 @@ OPTIONS = (
 
 @dataclass
 class PosePrediction:
-    """Persons in photo pixels (box xywh, box_score, keypoints (K, 2), scores (K,)) and detector flags."""
+    """Persons in photo pixels, the detector's findings and flags, the keypoint names and the photo size."""
 
-    persons: list[dict]
+    persons: list[Person]
     detections: Detections
     keypoint_names: tuple[str, ...]
     image_size: tuple[int, int]
+
+    @property
+    def detected(self) -> list[Person]:
+        """The persons the detector found: none when it fell back to the whole photo."""
+        return [] if self.detections.fallback else self.persons
 
 
 @functools.lru_cache(maxsize=8)
@@ -57,15 +65,10 @@ def _flip_pairs(model, meta: KeypointMeta) -> torch.Tensor:
 
 def _in_photo_pixels(
     image: LoadedImage, detections: Detections, keypoints: np.ndarray, scores: np.ndarray
-) -> list[dict]:
+) -> list[Person]:
     """Persons mapped from the model-side photo back to the photo as sent."""
     return [
-        {
-            "box": box / image.scale,
-            "box_score": float(box_score),
-            "keypoints": points / image.scale,
-            "scores": point_scores,
-        }
+        Person(box / image.scale, points / image.scale, point_scores, float(box_score))
         for box, box_score, points, point_scores in zip(
             detections.boxes_xywh, detections.scores, keypoints, scores, strict=True
         )
@@ -82,58 +85,50 @@ def _summary(detections: Detections) -> tuple[str, list[str]]:
     return f"{count} person{'s' if count != 1 else ''} found.", notes
 
 
-def run(
-    runtime, task, images: Sequence[LoadedImage], repo_id: str, options: dict, progress=None
-) -> list[TaskResult]:
-    model = runtime.model(repo_id, progress)
-    settings = runtime.settings(repo_id, "pose")
+def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
+    model = context.model()
+    settings = context.settings()
     meta = keypoint_meta(model)
-    timings = [Timings() for _ in images]
+    options = context.options
+    detection_timings = [Timings() for _ in images]
     detections = []
-    for image, timing in zip(images, timings, strict=True):
+    for image, timing in zip(images, detection_timings, strict=True):
         with timing.measure("detection"):
-            detections.append(runtime.detect(image))
-    batch_timings = Timings()
-    with batch_timings.measure("model"):
+            detections.append(context.host.detect(image))
+    with context.timings.measure("model"):
         crops = torch.cat(
             [
                 crop_persons(image.model_rgb, found.boxes_xywh, settings)
                 for image, found in zip(images, detections, strict=True)
             ]
         )
-        heatmaps = runtime.forward(model, crops)["heatmaps"]
+        heatmaps = context.forward(model, crops).heatmaps
         flipped = None
         if options["flip_test"]:
-            flipped = runtime.forward(model, crops.flip(-1), flip_pairs=_flip_pairs(model, meta))["heatmaps"]
-    share = batch_timings.share(len(images))
-    results, start = [], 0
-    for image, found, timing in zip(images, detections, timings, strict=True):
-        stop = start + len(found)
-        with timing.measure("post"):
-            keypoints, scores = decode_keypoints(
-                heatmaps[start:stop],
-                found.boxes_xywh,
-                settings.size,
-                None if flipped is None else flipped[start:stop],
-            )
-            persons = _in_photo_pixels(image, found, keypoints.cpu().numpy(), scores.cpu().numpy())
-            picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])
-        start = stop
+            flipped = context.forward(model, crops.flip(-1), flip_pairs=_flip_pairs(model, meta)).heatmaps
+    starts = np.cumsum([0] + [len(found) for found in detections]).tolist()
+
+    def make(index: int, image: LoadedImage) -> TaskResult:
+        found, people = detections[index], slice(starts[index], starts[index + 1])
+        keypoints, scores = decode_keypoints(
+            heatmaps[people], found.boxes_xywh, settings.size, None if flipped is None else flipped[people]
+        )
+        persons = _in_photo_pixels(image, found, keypoints.cpu().numpy(), scores.cpu().numpy())
+        picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])
         summary, notes = _summary(found)
         prediction = PosePrediction(persons, found, meta.names, image.original_size)
-        results.append(
-            TaskResult(
-                task=task.name,
-                model_id=repo_id,
-                pictures=[("Keypoints", picture)],
-                prediction=prediction,
-                exporter=_exporter(prediction, repo_id),
-                summary=summary,
-                notes=notes,
-                timings=Timings(timing.detection, share.model, timing.post),
-            )
+        return TaskResult(
+            task=context.task.name,
+            model_id=context.repo_id,
+            pictures=[("Keypoints", picture)],
+            prediction=prediction,
+            exporter=_exporter(prediction, context.repo_id),
+            summary=summary,
+            notes=notes,
+            persons=len(prediction.detected),
         )
-    return results
+
+    return photo_results(context, images, make, own_timings=detection_timings)
 
 
 def _exporter(prediction: PosePrediction, repo_id: str):
@@ -149,3 +144,24 @@ def _exporter(prediction: PosePrediction, repo_id: str):
         )
 
     return export
+
+
+class FramePoses(FrameLog):
+    """The persons found in every frame of a video, written in the official demo's JSON layout."""
+
+    suffix = POSE_FRAMES_SUFFIX
+
+    def __init__(self, options) -> None:
+        super().__init__(options)
+        self.frames: list[tuple[str, list[Person]]] = []
+        self.image_size = (0, 0)
+
+    def add(self, frame: str, result: TaskResult) -> None:
+        self.frames.append((frame, result.prediction.detected))
+        self.image_size = result.prediction.image_size
+
+    def write(self, directory: Path, stem: str) -> Path:
+        threshold = self.options["threshold"]
+        return write_pose_frames_json(
+            directory, stem, self.frames, image_size=self.image_size, threshold=threshold
+        )[0]
