@@ -49,7 +49,9 @@ class VisionTransformer(nn.Module):
         batch = patches.shape[0]
         prefix = (self.cls_token.expand(batch, -1, -1), self.storage_tokens.expand(batch, -1, -1))
         tokens = torch.cat((*prefix, patches), dim=1)
-        rope = rope_tables(grid, self.head_dim, self.rope_theta, self.num_prefix_tokens, dtype, tokens.device)
+        # torch.compile traces the tables into its graph; eager runs reuse them per input size.
+        tables = rope_tables.__wrapped__ if torch.compiler.is_compiling() else rope_tables
+        rope = tables(grid, self.head_dim, self.rope_theta, self.num_prefix_tokens, dtype, tokens.device)
         return tokens, rope, grid
 
     def forward(self, pixel_values: Tensor) -> tuple[Tensor, tuple[int, int]]:

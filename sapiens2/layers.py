@@ -18,17 +18,54 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 
 
-# PyTorch's oneDNN GEMM (the kernel it uses for fused linear layers) runs float32 inference faster than its
-# default MKL path on CPUs where MKL picks slower kernels, such as AMD EPYC: 25-40% per GEMM on the benchmark
-# machine. It has no autograd formula, so anything that needs gradients keeps F.linear.
+# PyTorch's oneDNN GEMM (the kernel it uses for fused linear layers) runs CPU inference faster than its
+# default path (MKL for float32) on the benchmark machine (AMD EPYC); docs/benchmarks.md has the figures. It
+# also applies an activation, or a product or sum with a same-shaped tensor, to the GEMM's output while it
+# is in cache, which saves a pass over memory. It has no autograd formula, so anything that records
+# gradients keeps F.linear.
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# oneDNN's name of each activation it can fuse.
+_ONEDNN_ACTIVATIONS = {nn.SiLU: "swish", nn.ReLU: "relu"}
+
+
+def _onednn(x: Tensor) -> bool:
+    """Whether `linear` and its variants run x through oneDNN (torch.compile chooses its own kernels)."""
+    return (
+        _ONEDNN_LINEAR
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    )
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """F.linear, through oneDNN for float32 CPU tensors when no gradient is recorded."""
-    if _ONEDNN_LINEAR and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled():
+    """F.linear, through oneDNN for CPU inference."""
+    if _onednn(x):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+def linear_act(x: Tensor, weight: Tensor, bias: Tensor | None, act: nn.Module) -> Tensor:
+    """act(F.linear(x, weight, bias)), the activation fused into the GEMM where oneDNN has it."""
+    name = _ONEDNN_ACTIVATIONS.get(type(act))
+    if name is not None and _onednn(x):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, name, [], "")
+    return act(F.linear(x, weight, bias))
+
+
+def linear_mul(x: Tensor, other: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear(x, weight, bias) * other, for `other` of the output's shape."""
+    if _onednn(x) and other.dtype == x.dtype and other.is_contiguous():
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, weight, bias, "mul")
+    return F.linear(x, weight, bias).mul_(other)
+
+
+def linear_add(x: Tensor, other: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear(x, weight, bias) + other, for `other` of the output's shape."""
+    if _onednn(x) and other.dtype == x.dtype and other.is_contiguous():
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, weight, bias, "add")
+    return F.linear(x, weight, bias) + other
 
 
 class Linear(nn.Linear):
@@ -40,9 +77,17 @@ class Linear(nn.Linear):
 
 def rms_normalize(x: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dimension, computed in float32, returned in x's dtype."""
-    x32 = x.float()
-    mean_square = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square_().div_(x.shape[-1])
-    return (x32 * mean_square.add_(eps).rsqrt_()).to(x.dtype)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+    scale = torch.rsqrt(norm.square() / x.shape[-1] + eps)
+    return _contiguous_product(x, scale)
+
+
+def _contiguous_product(x: Tensor, y: Tensor) -> Tensor:
+    """x * y in x's dtype and x's shape, contiguous, in one pass: the product is taken in the wider of
+    their dtypes and rounded once."""
+    if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):
+        return (x * y).to(x.dtype).contiguous()
+    return torch.mul(x, y, out=torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 class RMSNorm(nn.Module):
@@ -90,7 +135,7 @@ def rope_tables(
     dtype: torch.dtype,
     device: torch.device,
 ) -> tuple[Tensor, Tensor]:
-    """cos and signed-sin tables (tokens, 1, head_dim) of the 2D RoPE; identity on the prefix tokens.
+    """cos and signed-sin tables (tokens, head_dim) of the 2D RoPE; identity on the prefix tokens.
 
     Patch centres are placed on [-1, 1] separately along height and width; each quarter of the head
     channels rotates with one frequency of one axis, in the layout [y, x, y, x].
@@ -109,14 +154,25 @@ def rope_tables(
         sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         cos = torch.cat((cos.new_ones(num_prefix, head_dim), cos))
         sin = torch.cat((sin.new_zeros(num_prefix, head_dim), sin))
-        return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
+        return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate (B, tokens, heads, head_dim) queries or keys by the tables of `rope_tables`."""
+    """Rotate (B, heads, tokens, head_dim) queries or keys by the tables of `rope_tables`; the result is
+    contiguous, the layout attention reads fastest."""
     half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return torch.addcmul(x * cos, swapped, sin)
+    out = _contiguous_product(x, cos)
+    # rotate_half(x) * sin, one half at a time, with no copy of the rotated x.
+    out[..., :half].addcmul_(x[..., half:], sin[..., :half])
+    out[..., half:].addcmul_(x[..., :half], sin[..., half:])
+    return out
+
+
+def scaled_rope(cos: Tensor, sin: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """Tables that rotate x * scale (a per-channel scale) when applied to x: RoPE of the QK norm's output
+    without a pass over the queries or keys for the scale."""
+    half = scale.shape[-1] // 2
+    return cos * scale, sin * torch.cat((scale[half:], scale[:half]))
 
 
 def stacked_projection(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
@@ -131,8 +187,17 @@ def stacked_projection(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
     return weight, torch.cat(biases)
 
 
+def _fuse_after_load(module: Attention, incompatible_keys: object) -> None:
+    module.fuse_projections()  # loading with assign=True gives the projections new tensors
+
+
 class Attention(nn.Module):
-    """Multi-head self-attention with grouped key/value heads, QK RMSNorm and 2D RoPE on patch tokens."""
+    """Multi-head self-attention with grouped key/value heads, QK RMSNorm and 2D RoPE on patch tokens.
+
+    The q, k and v projections keep their own parameters (`wq`, `wk`, `wv`, the checkpoints' names), stored
+    side by side in one tensor so that inference runs them as one GEMM without copying them (see
+    `fuse_projections`); when gradients are recorded they are stacked on each call instead.
+    """
 
     def __init__(
         self,
@@ -159,22 +224,67 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.proj = Linear(dim, dim, bias=proj_bias)
         self.gamma = LayerScale(dim)
+        self._fused: tuple[Tensor, Tensor | None] | None = None
+        self._fused_pointers: tuple[int, ...] = ()
+        self.register_load_state_dict_post_hook(_fuse_after_load)
+        self.fuse_projections()
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def _projection_tensors(self) -> list[Tensor]:
+        layers = (self.wq, self.wk, self.wv)
+        return [t for layer in layers for t in (layer.weight, layer.bias) if t is not None]
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Copy the q, k and v weights (and biases) into one tensor each and make the parameters views of
+        it: the same parameters and names, updated in place by loading or by an optimizer, and one
+        projection for inference. Runs on construction, after loading and after dtype/device moves."""
+        # Views must be of the parameters' own kind: inference tensors when built in inference mode.
+        with torch.inference_mode(self.wq.weight.is_inference()):
+            weight, bias = stacked_projection(self.wq, self.wk, self.wv)
+            start = 0
+            for layer in (self.wq, self.wk, self.wv):
+                rows = slice(start, start + layer.out_features)
+                layer.weight.data = weight[rows]
+                if layer.bias is not None:
+                    layer.bias.data = bias[rows]
+                start = rows.stop
+        self._fused = (weight, bias)
+        self._fused_pointers = tuple(t.data_ptr() for t in self._projection_tensors())
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        # Conversions such as .to(), .half() or .cuda() give each parameter a storage of its own again.
+        super()._apply(fn, recurse)
+        self.fuse_projections()
+        return self
+
+    def qkv_projection(self) -> tuple[Tensor, Tensor | None]:
+        """Weight and bias of q, k and v as one projection: the fused tensors when no gradient is recorded
+        for them and the parameters are still views of them, else stacked now (a differentiable copy)."""
+        tensors = self._projection_tensors()
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return stacked_projection(self.wq, self.wk, self.wv)
+        if torch.compiler.is_compiling() or tuple(t.data_ptr() for t in tensors) == self._fused_pointers:
+            return self._fused
+        return stacked_projection(self.wq, self.wk, self.wv)  # a parameter was replaced since fusing
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], residual: Tensor | None = None) -> Tensor:
+        """The attention branch gamma * proj(attention), added to `residual` when given."""
         batch, tokens, dim = x.shape
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        # q, k and v come from one GEMM, and q and k share their norm and RoPE ops: fewer, larger kernels.
-        qkv = linear(x, *stacked_projection(self.wq, self.wk, self.wv))
-        qkv = qkv.view(batch, tokens, heads + 2 * kv_heads, self.head_dim)
-        qk, v = qkv.split((heads + kv_heads, kv_heads), dim=2)
+        qkv = linear(x, *self.qkv_projection()).view(batch, tokens, heads + 2 * kv_heads, self.head_dim)
+        qk, v = qkv.transpose(1, 2).split((heads + kv_heads, kv_heads), dim=1)
+        q_rope = k_rope = rope
         if self.q_norm is not None:
-            scales = (self.q_norm.weight.expand(heads, -1), self.k_norm.weight.expand(kv_heads, -1))
-            qk = rms_normalize(qk, self.q_norm.eps).mul_(torch.cat(scales))
-        q, k = apply_rope(qk, *rope).split((heads, kv_heads), dim=2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=kv_heads != heads
-        )
-        return self.gamma(self.proj(out.transpose(1, 2).reshape(batch, tokens, dim)))
+            # q and k are normalized together; each norm's scale rides in its own RoPE tables.
+            qk = rms_normalize(qk, self.q_norm.eps)
+            q_rope, k_rope = scaled_rope(*rope, self.q_norm.weight), scaled_rope(*rope, self.k_norm.weight)
+        q, k = qk.split((heads, kv_heads), dim=1)
+        q, k = apply_rope(q, *q_rope), apply_rope(k, *k_rope)
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != heads)
+        projected = self.proj(out.transpose(1, 2).reshape(batch, tokens, dim))
+        if residual is None:
+            return self.gamma(projected)
+        return torch.addcmul(residual, projected, self.gamma.weight)
 
 
 class SwiGLU(nn.Module):
@@ -186,9 +296,16 @@ class SwiGLU(nn.Module):
         self.w3 = Linear(hidden_dim, dim, bias=bias)
         self.act = ACTIVATIONS[activation]()
 
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w12(x).chunk(2, dim=-1)
-        return self.w3(self.act(gate).mul_(up))
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """The feed-forward branch, added to `residual` when given."""
+        hidden = self.w3.in_features
+        w1, w2 = self.w12.weight.split(hidden)
+        b1, b2 = (None, None) if self.w12.bias is None else self.w12.bias.split(hidden)
+        # Two GEMMs, the activation fused into the first and the gating product into the second.
+        gated = linear_mul(x, linear_act(x, w1, b1, self.act), w2, b2)
+        if residual is None:
+            return self.w3(gated)
+        return linear_add(gated, residual, self.w3.weight, self.w3.bias)
 
 
 class Block(nn.Module):
@@ -202,5 +319,5 @@ class Block(nn.Module):
         self.ffn = ffn
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
-        x = x + self.attn(self.ln1(x), rope)
-        return x + self.ffn(self.ln2(x))
+        x = self.attn(self.ln1(x), rope, residual=x)
+        return self.ffn(self.ln2(x), residual=x)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 from tiny_models import ALL_REPO_IDS, tiny_config, write_tiny_checkpoint, write_transformers_checkpoint
 
 from sapiens2 import from_pretrained
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import ConfigError
-from sapiens2.layers import Linear
+from sapiens2.layers import Attention, Linear
 from sapiens2.models import build_model
 
 TOLERANCE = 1e-5
@@ -154,3 +156,93 @@ def test_linear_matches_torch_with_and_without_gradients():
     x.grad = None
     expected.square().sum().backward()
     assert torch.allclose(mine, x.grad)
+
+
+# ---- q/k/v stored as one projection -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pose_checkpoint(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("pose"), "pose")
+
+
+def attentions(model: torch.nn.Module) -> list[Attention]:
+    found = [module for module in model.modules() if isinstance(module, Attention)]
+    assert found
+    return found
+
+
+def assert_fused(model: torch.nn.Module) -> None:
+    """Inference reads each block's q, k and v parameters in place, as one projection."""
+    for attention in attentions(model):
+        with torch.inference_mode():
+            weight, bias = attention.qkv_projection()
+        assert weight.data_ptr() == attention.wq.weight.data_ptr()
+        assert weight[attention.wq.out_features :].data_ptr() == attention.wk.weight.data_ptr()
+        assert bias.data_ptr() == attention.wq.bias.data_ptr()
+
+
+def test_fused_projections_keep_the_checkpoint_names_and_round_trip(pose_checkpoint, tmp_path):
+    model = load_ours(pose_checkpoint)
+    assert_fused(model)
+    state = model.state_dict()
+    assert set(state) == set(load_file(pose_checkpoint / "model.safetensors"))
+    save_file(state, tmp_path / "model.safetensors")  # safetensors refuses overlapping tensors
+    shutil.copy(pose_checkpoint / "config.json", tmp_path)
+    reloaded = load_ours(tmp_path)
+    assert_fused(reloaded)
+    pixel_values = torch.randn(INPUT, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        assert torch.equal(model(pixel_values).heatmaps, reloaded(pixel_values).heatmaps)
+
+
+def test_strict_loading_into_a_built_model_keeps_the_fusion(pose_checkpoint):
+    model = build_model(Sapiens2Config.from_dict(tiny_config("pose")))
+    model.load_state_dict(load_file(pose_checkpoint / "model.safetensors"), strict=True)
+    assert_fused(model)
+    pixel_values = torch.randn(INPUT, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        assert torch.equal(model(pixel_values).heatmaps, load_ours(pose_checkpoint)(pixel_values).heatmaps)
+
+
+def test_conversions_fuse_again(pose_checkpoint):
+    model = load_ours(pose_checkpoint)
+    pixel_values = torch.randn(INPUT, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        expected = model(pixel_values).heatmaps
+    model.to(torch.bfloat16).float()
+    assert_fused(model)
+    with torch.inference_mode():
+        assert relative_error(model(pixel_values).heatmaps, expected) < 1e-2
+
+
+def test_a_replaced_parameter_is_used(pose_checkpoint):
+    model = load_ours(pose_checkpoint)
+    attention = attentions(model)[0]
+    pixel_values = torch.randn(INPUT, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        before = model(pixel_values).heatmaps
+    attention.wv.weight = torch.nn.Parameter(attention.wv.weight.detach() * 2)
+    rebuilt = build_model(model.config)
+    rebuilt.load_state_dict(model.state_dict())
+    with torch.inference_mode():
+        after = model(pixel_values).heatmaps
+        assert relative_error(after, before) > 1e-3
+        assert torch.equal(after, rebuilt.eval()(pixel_values).heatmaps)
+
+
+def test_training_reaches_every_projection_and_inference_sees_the_step(pose_checkpoint):
+    model = load_ours(pose_checkpoint).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    pixel_values = torch.randn(INPUT, generator=torch.Generator().manual_seed(7))
+    model(pixel_values).heatmaps.square().mean().backward()
+    for attention in attentions(model):
+        for layer in (attention.wq, attention.wk, attention.wv):
+            assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+    optimizer.step()
+    assert_fused(model)
+    stepped = build_model(model.config)
+    stepped.load_state_dict({name: tensor.clone() for name, tensor in model.state_dict().items()})
+    with torch.inference_mode():
+        expected = stepped.eval()(pixel_values).heatmaps
+        assert torch.equal(model.eval()(pixel_values).heatmaps, expected)
