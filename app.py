@@ -404,12 +404,14 @@ def _download_note(runtime: Runtime, task: str, size: str | None) -> str:
 
 
 def _device_note(runtime: Runtime) -> str:
-    line = f"Running on **{runtime.device_label}** in **{runtime.dtype_label}**."
+    """The device and precision the models run in, and why that precision."""
+    line = f"Running on **{runtime.device_label}** in **{runtime.dtype_label}**: {runtime.dtype_reason}."
     if runtime.device.type == "cpu":
-        line += (
-            " On a CPU in fp32 a 0.4b model takes tens of seconds per photo, and larger ones minutes; "
-            "a GPU answers in about a second."
-        )
+        if runtime.dtype_label == "bf16":
+            line += " Outputs differ slightly from fp32 (start with `--dtype fp32` for full precision)."
+        line += " On a CPU a 0.4b model takes seconds to tens of seconds per photo, larger ones minutes."
+    if runtime.compiled:
+        line += " Models are compiled (`--compile`): the first run of each input size waits for compilation."
     return line
 
 

@@ -1,4 +1,5 @@
-"""Device and precision selection: CUDA in bf16 when present, else CPU in fp32, overridable by env."""
+"""Device and precision selection: CUDA when present, else the CPU; bf16 on CUDA and on CPUs that compute
+bf16 natively, fp32 elsewhere; both overridable by argument or environment."""
 
 from __future__ import annotations
 
@@ -34,13 +35,39 @@ def resolve_device(name: str | torch.device | None = None) -> torch.device:
     return device
 
 
-def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """`name` (or a dtype, as it is), else SAPIENS2_DTYPE, else bf16 on CUDA and fp32 elsewhere."""
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX), where oneDNN's bf16 GEMMs run about
+    twice as fast as fp32 ones; elsewhere bf16 is emulated and slower than fp32."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    capabilities = torch.cpu.get_capabilities()
+    return bool(capabilities.get("avx512_bf16") or capabilities.get("amx_bf16"))
+
+
+def choose_dtype(name: str | torch.dtype | None, device: torch.device) -> tuple[torch.dtype, str]:
+    """The precision for `device` and why: `name` (or a dtype, as it is), else SAPIENS2_DTYPE, else bf16 on
+    CUDA and on CPUs with native bf16, fp32 elsewhere."""
     if isinstance(name, torch.dtype):
-        return name
-    name = name or os.environ.get("SAPIENS2_DTYPE")
-    if not name:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return name, "as asked"
+    if name:
+        return _parse_dtype(name), "as asked"
+    if os.environ.get("SAPIENS2_DTYPE"):
+        return _parse_dtype(os.environ["SAPIENS2_DTYPE"]), "as SAPIENS2_DTYPE asks"
+    if device.type == "cuda":
+        return torch.bfloat16, "the GPU's fast precision"
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return torch.bfloat16, "this CPU computes bf16 natively, about twice as fast as fp32"
+    if device.type == "cpu":
+        return torch.float32, "full precision, as this CPU has no native bf16"
+    return torch.float32, "full precision"
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The precision `choose_dtype` picks."""
+    return choose_dtype(name, device)[0]
+
+
+def _parse_dtype(name: str) -> torch.dtype:
     try:
         return DTYPES[name.lower()]
     except KeyError:

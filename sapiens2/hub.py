@@ -70,9 +70,10 @@ def from_pretrained(
 ) -> nn.Module:
     """Load a Sapiens2 model in eval mode from a Hub repo id, a directory or an original .safetensors file.
 
-    Defaults: CUDA when available, in bfloat16; else CPU in float32. `progress(fraction, text)` is called
-    while files download and while weights load, each stage running its fraction from 0 to 1. On the CPU,
-    weights already stored in the requested dtype stay memory-mapped: do not rewrite the file while in use.
+    Defaults: CUDA when available, else the CPU; bfloat16 on CUDA and on CPUs with native bf16, else
+    float32 (`sapiens2.device.choose_dtype`). `progress(fraction, text)` is called while files download
+    and while weights load, each stage running its fraction from 0 to 1. On the CPU, weights already
+    stored in the requested dtype stay memory-mapped: do not rewrite the file while in use.
     """
     target = resolve_device(device)
     dtype = resolve_dtype(dtype, target)

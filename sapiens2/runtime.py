@@ -14,7 +14,7 @@ from torch import nn
 from . import hub
 from .cache import ModelCache, budget_from_env
 from .detector import Detections, PersonDetector, YoloPersonDetector
-from .device import dtype_name, resolve_device, resolve_dtype
+from .device import choose_dtype, dtype_name, resolve_device
 from .errors import ConfigError
 from .images import LoadedImage, load_image
 from .kinds import ModelKind
@@ -25,6 +25,20 @@ from .tasks import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
 
 Progress = Callable[[float, str], None]
 DEFAULT_BATCH_SIZE = 8
+COMPILE_ENV = "SAPIENS2_COMPILE"
+
+
+def compile_from_env() -> bool:
+    """Whether SAPIENS2_COMPILE asks for torch.compile (1, true, yes or on)."""
+    return os.environ.get(COMPILE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def load_compiled(repo_id: str, **kwargs: Any) -> nn.Module:
+    """`hub.from_pretrained`, then torch.compile on the model in place (names and attributes unchanged).
+    Compiling happens on the first forward of each input shape: tens of seconds to minutes, once."""
+    model = hub.from_pretrained(repo_id, **kwargs)
+    model.compile()
+    return model
 
 
 class Runtime:
@@ -38,14 +52,17 @@ class Runtime:
         detector: str | os.PathLike | PersonDetector | None = None,
         cache: ModelCache | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        compile: bool | None = None,
     ):
+        """`compile` (default: SAPIENS2_COMPILE) runs every model through torch.compile."""
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.dtype, self.dtype_reason = choose_dtype(dtype, self.device)
+        self.compiled = compile_from_env() if compile is None else compile
         if batch_size < 1:
             raise ConfigError(f"batch size must be at least 1, got {batch_size}")
         self.batch_size = batch_size
         self.cache = cache or ModelCache(
-            hub.from_pretrained,
+            load_compiled if self.compiled else hub.from_pretrained,
             device=self.device,
             dtype=self.dtype,
             budget_bytes=budget_from_env(self.device),

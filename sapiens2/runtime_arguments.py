@@ -9,16 +9,24 @@ from typing import Any
 
 from .device import DTYPES
 from .hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
-from .runtime import Runtime
+from .runtime import COMPILE_ENV, Runtime
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """--device, --dtype, --checkpoint-dir and --detector."""
+    """--device, --dtype, --compile, --checkpoint-dir and --detector."""
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: $SAPIENS2_DEVICE, else cuda if any)")
     parser.add_argument(
         "--dtype",
         choices=list(DTYPES),
-        help="precision (default: $SAPIENS2_DTYPE, else bf16 on CUDA, else fp32)",
+        help="precision (default: $SAPIENS2_DTYPE, else bf16 on CUDA and on CPUs with native bf16 "
+        "(AVX-512 BF16 or AMX), else fp32)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help=f"run the models through torch.compile (default: ${COMPILE_ENV}=1); the first run of each "
+        "input shape then takes tens of seconds to minutes longer while it compiles",
     )
     parser.add_argument(
         "--checkpoint-dir",
@@ -37,4 +45,6 @@ def runtime_from_arguments(args: argparse.Namespace, **settings: Any) -> Runtime
     """The Runtime the parsed flags ask for; ConfigError when a flag's value cannot be used."""
     if args.checkpoint_dir is not None:
         use_checkpoint_dir(args.checkpoint_dir)
-    return Runtime(device=args.device, dtype=args.dtype, detector=args.detector, **settings)
+    return Runtime(
+        device=args.device, dtype=args.dtype, detector=args.detector, compile=args.compile, **settings
+    )

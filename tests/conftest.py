@@ -4,6 +4,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("YOLO_OFFLINE", "1")
+# The default precision depends on the CPU (bf16 where it is native): tests run in fp32 on every machine,
+# and the tests of that rule clear this variable.
+os.environ.setdefault("SAPIENS2_DTYPE", "fp32")
 
 import pytest  # noqa: E402
 

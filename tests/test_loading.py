@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from tiny_models import tiny_config, write_tiny_checkpoint
 
 import sapiens2
-from sapiens2 import hub, presets
+from sapiens2 import device, hub, presets
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.kinds import KINDS
@@ -177,18 +177,51 @@ def test_bare_file_with_an_unknown_name_names_the_file(pose_dir, tmp_path):
 # ---- dtype, device, init, progress ------------------------------------------------------------------------
 
 
-def test_default_is_float32_on_cpu_and_bfloat16_can_be_asked(pose_dir, monkeypatch):
+@pytest.mark.parametrize(("native_bf16", "expected"), [(False, torch.float32), (True, torch.bfloat16)])
+def test_default_cpu_precision_follows_native_bf16_and_any_can_be_asked(
+    pose_dir, monkeypatch, native_bf16, expected
+):
     monkeypatch.delenv("SAPIENS2_DEVICE", raising=False)
     monkeypatch.delenv("SAPIENS2_DTYPE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
     weights = load_file(pose_dir / hub.WEIGHTS_NAME)
-    assert_loaded_from(sapiens2.from_pretrained(pose_dir), weights, torch.float32)
+    assert_loaded_from(sapiens2.from_pretrained(pose_dir), weights, expected)
     for dtype in (torch.bfloat16, "bf16"):
         model = sapiens2.from_pretrained(pose_dir, device="cpu", dtype=dtype)
         assert_loaded_from(model, weights, torch.bfloat16)
         with torch.inference_mode():
             heatmaps = model(torch.zeros(1, 3, 64, 48, dtype=torch.bfloat16)).heatmaps
         assert heatmaps.dtype == torch.bfloat16 and torch.isfinite(heatmaps.float()).all()
+    monkeypatch.setenv("SAPIENS2_DTYPE", "fp32")
+    assert_loaded_from(sapiens2.from_pretrained(pose_dir), weights, torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("asked", "env", "native_bf16", "expected", "reason"),
+    [
+        (None, None, True, torch.bfloat16, "natively"),
+        (None, None, False, torch.float32, "no native bf16"),
+        ("fp32", None, True, torch.float32, "as asked"),
+        (torch.float16, None, False, torch.float16, "as asked"),
+        (None, "bf16", False, torch.bfloat16, "SAPIENS2_DTYPE"),
+        ("fp32", "bf16", True, torch.float32, "as asked"),
+    ],
+)
+def test_cpu_precision_rule_and_its_reason(monkeypatch, asked, env, native_bf16, expected, reason):
+    monkeypatch.delenv("SAPIENS2_DTYPE", raising=False)
+    if env:
+        monkeypatch.setenv("SAPIENS2_DTYPE", env)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
+    dtype, why = device.choose_dtype(asked, torch.device("cpu"))
+    assert dtype == expected and reason in why
+    assert device.resolve_dtype(asked, torch.device("cpu")) == expected
+
+
+def test_native_bf16_is_read_from_the_cpu_capabilities(monkeypatch):
+    for flags, native in [({"avx512_bf16": True}, True), ({"amx_bf16": True}, True), ({"avx2": True}, False)]:
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda flags=flags: flags)
+        assert device.cpu_has_native_bf16() is (native and torch.backends.mkldnn.is_available())
 
 
 def test_bfloat16_file_loads_as_float32(pose_dir, tmp_path):
