@@ -1,11 +1,18 @@
-"""Pre- plus post-processing time per task for one large photo: this package against transformers.
+"""Time around the model per task for one large photo: preprocessing, decoding and pictures, against
+transformers' processor.
 
-No model runs: each task gets random outputs of the official shapes (body-part-like smooth logits for
-segmentation, Gaussian peaks for pose). Runs alternate between the two implementations so that load from
-other processes hits both alike; the script prints the median wall time of each, the ratio ours /
-reference, and our median CPU time (all threads), which other processes disturb less.
+No model runs: the real task pipelines (`sapiens2.tasks`) run with a stand-in model host whose forward
+answers with random outputs of the official shapes (body-part-like smooth logits for segmentation,
+Gaussian peaks for pose, prepared once), so each result's own timings give preprocessing ("model"),
+decoding and pictures. The reference is transformers' `Sapiens2ImageProcessor` (preprocessing and its
+post_process_* on the same outputs; it draws no pictures). Runs alternate between the two so that load
+from other processes hits both alike; the script prints medians, the ratio ours / reference for
+preprocessing plus decoding, and our median CPU time (all threads), which other processes disturb less.
 
     python -m bench.bench_overhead [--height 3000] [--width 4000] [--runs 5] [--persons 2] [--threads N]
+
+Normals and depth run without the body-part background mask here (its cost is the segmentation task's
+decoding, measured on its own row); `--with-background` adds it.
 """
 
 from __future__ import annotations
@@ -21,18 +28,18 @@ import torch
 import torch.nn.functional as F
 from transformers import Sapiens2ImageProcessor
 
-from sapiens2.kinds import NORMAL, SEG
-from sapiens2.pose import decode_pose
-from sapiens2.postprocess import (
-    composite,
-    matting_to_image,
-    normals_to_image,
-    pointmap_to_image,
-    segmentation_labels,
-)
-from sapiens2.processing import ProcessorSettings, crop_persons, preprocess
+from sapiens2 import models, presets
+from sapiens2.config import Sapiens2Config
+from sapiens2.detector import Detections
+from sapiens2.images import LoadedImage, load_image
+from sapiens2.kinds import ModelKind
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.processing import ProcessorSettings
+from sapiens2.results import TaskResult
+from sapiens2.tasks import TASKS
 
 GREEN = (0, 177, 64)
+TASK_NAMES = ("segment", "normals", "depth", "matting", "pose")
 
 
 def smooth_logits(classes: int, seed: int) -> torch.Tensor:
@@ -54,73 +61,73 @@ def peaks(persons: int, keypoints: int, seed: int) -> torch.Tensor:
     return torch.exp(-((xs - centers[:, :, 0]) ** 2 + (ys - centers[:, :, 1]) ** 2) / 8)
 
 
-def tasks(photo: np.ndarray, persons: int) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
-    """Per task: (ours, reference), each doing preprocessing and post-processing of random outputs."""
+class RandomOutputs:
+    """A model host (`sapiens2.pipelines.context.ModelHost`) whose forwards answer with prepared random
+    outputs of the official shapes, and whose detector finds `persons` fixed boxes."""
+
+    def __init__(self, photo_size: tuple[int, int], persons: int) -> None:
+        maps = torch.randn(1, 3, 1024, 768)
+        alphas = torch.rand(1, 1, 1024, 768)
+        foregrounds = alphas * torch.rand(1, 3, 1024, 768)
+        self.outputs = {
+            "pose": models.Sapiens2PoseEstimatorOutput(heatmaps=peaks(persons, 308, seed=1)),
+            "seg": models.Sapiens2SemanticSegmenterOutput(logits=smooth_logits(29, seed=0)),
+            "normal": models.Sapiens2NormalEstimatorOutput(normals=maps),
+            "pointmap": models.Sapiens2PointmapEstimatorOutput(pointmaps=maps, scales=torch.rand(1, 1) + 0.5),
+            "matting": models.Sapiens2ImageMattingOutput(alphas=alphas, foregrounds=foregrounds),
+        }
+        height, width = photo_size
+        boxes = [[width * (0.1 + 0.4 * i), height * 0.1, width * 0.35, height * 0.8] for i in range(persons)]
+        self.detections = Detections(np.array(boxes, np.float32), np.ones(persons, np.float32))
+
+    def model(self, repo_id: str, progress=None) -> SimpleNamespace:
+        _, kind, size = repo_id.split("/")[-1].split("-")
+        return SimpleNamespace(kind=kind, config=Sapiens2Config.from_dict(presets.preset_config(size, kind)))
+
+    def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
+        return ProcessorSettings.for_kind(kind)
+
+    def forward(self, model: SimpleNamespace, pixel_values: torch.Tensor, **kwargs) -> object:
+        return self.outputs[model.kind]
+
+    def detect(self, image: LoadedImage) -> Detections:
+        return self.detections
+
+
+def ours(host: RandomOutputs, photo: LoadedImage, task: str, background: bool) -> Callable[[], TaskResult]:
+    entry = TASKS[task]
+    options = {"remove_background": background} if entry.helper_option else {}
+    repo_id = entry.repo_id("1b" if task == "matting" else "0.4b")
+    return lambda: entry.run(PipelineContext(host, entry, repo_id, entry.coerce_options(options)), [photo])[0]
+
+
+def reference(host: RandomOutputs, photo: np.ndarray, task: str) -> Callable[[], object]:
+    """transformers' preprocessing and post-processing of the same outputs."""
     size = photo.shape[:2]
-    plain, padded = ProcessorSettings.for_kind(SEG), ProcessorSettings.for_kind(NORMAL)
-    reference, reference_padded = Sapiens2ImageProcessor(), Sapiens2ImageProcessor(do_pad=True)
-    logits = smooth_logits(29, seed=0)
-    maps = torch.randn(1, 3, 1024, 768)
-    scales = torch.rand(1, 1) + 0.5
-    alphas = torch.rand(1, 1, 1024, 768)
-    foregrounds = alphas * torch.rand(1, 3, 1024, 768)
-    height, width = size
-    boxes = [[width * (0.1 + 0.4 * i), height * 0.1, width * 0.35, height * 0.8] for i in range(persons)]
-    heatmaps = peaks(persons, 308, seed=1)
+    plain, padded = Sapiens2ImageProcessor(), Sapiens2ImageProcessor(do_pad=True)
+    outputs = host.outputs
+    boxes = host.detections.boxes_xywh.tolist()
 
-    def pixels(processor: Sapiens2ImageProcessor, **kwargs) -> torch.Tensor:
-        return processor(photo, return_tensors="pt", **kwargs)["pixel_values"]
+    def run() -> object:
+        if task == "segment":
+            plain(photo, return_tensors="pt")
+            return plain.post_process_semantic_segmentation(outputs["seg"], [size])
+        if task == "normals":
+            padded(photo, return_tensors="pt")
+            return padded.post_process_normal_estimation(outputs["normal"], [size])
+        if task == "depth":
+            padded(photo, return_tensors="pt")
+            return padded.post_process_pointmap_estimation(outputs["pointmap"], [size])
+        if task == "matting":
+            plain(photo, return_tensors="pt")
+            background = torch.tensor(GREEN, dtype=torch.uint8).view(3, 1, 1)
+            return plain.post_process_image_matting(
+                outputs["matting"], target_sizes=[size], backgrounds=background
+            )
+        plain(photo, boxes=[boxes], return_tensors="pt")
+        return plain.post_process_pose_estimation(outputs["pose"], [boxes])
 
-    def matting_ours() -> object:
-        preprocess(photo, plain)
-        return composite(*matting_to_image(foregrounds, alphas, size), GREEN)
-
-    def matting_reference() -> object:
-        pixels(reference)
-        background = torch.tensor(GREEN, dtype=torch.uint8).view(3, 1, 1)
-        outputs = SimpleNamespace(foregrounds=foregrounds, alphas=alphas)
-        return reference.post_process_image_matting(outputs, target_sizes=[size], backgrounds=background)
-
-    return {
-        "seg": (
-            lambda: (preprocess(photo, plain), segmentation_labels(logits, size)),
-            lambda: (
-                pixels(reference),
-                reference.post_process_semantic_segmentation(SimpleNamespace(logits=logits), [size]),
-            ),
-        ),
-        "normal": (
-            lambda: (preprocess(photo, padded), normals_to_image(maps, size, padded)),
-            lambda: (
-                pixels(reference_padded),
-                reference_padded.post_process_normal_estimation(SimpleNamespace(normals=maps), [size]),
-            ),
-        ),
-        "pointmap": (
-            lambda: (preprocess(photo, padded), pointmap_to_image(maps, scales, size, padded)),
-            lambda: (
-                pixels(reference_padded),
-                reference_padded.post_process_pointmap_estimation(
-                    SimpleNamespace(pointmaps=maps, scales=scales), [size]
-                ),
-            ),
-        ),
-        "matting": (matting_ours, matting_reference),
-        f"pose ({persons} persons)": (
-            lambda: (crop_persons(photo, boxes, plain), decode_pose(heatmaps, boxes)),
-            lambda: (
-                pixels(reference, boxes=[boxes]),
-                reference.post_process_pose_estimation(SimpleNamespace(heatmaps=heatmaps), [boxes]),
-            ),
-        ),
-    }
-
-
-def seconds(function: Callable[[], object]) -> tuple[float, float]:
-    """Wall and CPU seconds of one call."""
-    start, start_cpu = time.perf_counter(), time.process_time()
-    function()
-    return time.perf_counter() - start, time.process_time() - start_cpu
+    return run
 
 
 def main() -> None:
@@ -130,21 +137,44 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--persons", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--with-background", action="store_true", help="normals and depth masked by body parts"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    photo = np.random.default_rng(0).integers(0, 256, size=(args.height, args.width, 3), dtype=np.uint8)
-    print(f"{args.width}x{args.height} photo, {torch.get_num_threads()} threads, median of {args.runs} runs")
-    print(f"{'task':<18}{'ours ms':>10}{'reference ms':>15}{'ratio':>8}{'ours CPU ms':>14}")
+    pixels = np.random.default_rng(0).integers(0, 256, size=(args.height, args.width, 3), dtype=np.uint8)
+    photo = load_image(pixels)
+    host = RandomOutputs((args.height, args.width), args.persons)
+    print(f"{args.width}x{args.height} photo, {torch.get_num_threads()} threads, median of {args.runs} runs, "
+          f"{args.persons} persons for pose; ms")  # fmt: skip
+    header = ("task", "pre", "decode", "pictures", "ours total", "ours CPU", "reference", "ratio")
+    print("".join(f"{name:>11}" for name in header))
     with torch.inference_mode():
-        for name, (ours, reference) in tasks(photo, args.persons).items():
-            ours()  # warm-up
-            runs = [(seconds(ours), seconds(reference)) for _ in range(args.runs)]
-            mine = statistics.median(wall for (wall, _), _ in runs)
-            mine_cpu = statistics.median(cpu for (_, cpu), _ in runs)
-            theirs = statistics.median(wall for _, (wall, _) in runs)
-            row = f"{name:<18}{mine * 1000:>10.0f}{theirs * 1000:>15.0f}{mine / theirs:>8.2f}"
-            print(f"{row}{mine_cpu * 1000:>14.0f}")
+        for task in TASK_NAMES:
+            mine, theirs = ours(host, photo, task, args.with_background), reference(host, pixels, task)
+            mine()  # warm-up
+            stages, cpu, wall = [], [], []
+            for _ in range(args.runs):
+                start = time.process_time()
+                timings = mine().timings
+                cpu.append(time.process_time() - start)
+                stages.append((timings.model, timings.decode, timings.pictures))
+                start = time.perf_counter()
+                theirs()
+                wall.append(time.perf_counter() - start)
+            pre, decode, pictures = (1e3 * statistics.median(column) for column in zip(*stages, strict=True))
+            reference_ms = 1e3 * statistics.median(wall)
+            figures = (
+                pre,
+                decode,
+                pictures,
+                pre + decode + pictures,
+                1e3 * statistics.median(cpu),
+                reference_ms,
+            )
+            row = "".join(f"{value:>11.0f}" for value in figures)
+            print(f"{task:>11}{row}{(pre + decode) / reference_ms:>11.2f}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -15,11 +15,13 @@ import numpy as np
 
 @dataclass
 class Timings:
-    """Seconds spent per stage, summed over the photo's share of a batch."""
+    """Seconds spent per stage, summed over the photo's share of a batch: person detection, the model
+    (preprocessing included), decoding its outputs onto the photo, and drawing the pictures."""
 
     detection: float = 0.0
     model: float = 0.0
-    post: float = 0.0
+    decode: float = 0.0
+    pictures: float = 0.0
 
     @contextmanager
     def measure(self, stage: str) -> Iterator[None]:
@@ -31,14 +33,19 @@ class Timings:
 
     def share(self, count: int) -> Timings:
         """These timings divided evenly among `count` photos of one batch."""
-        return Timings(self.detection / count, self.model / count, self.post / count)
+        return Timings(*(value / count for value in astuple(self)))
 
     def __add__(self, other: Timings) -> Timings:
-        return Timings(self.detection + other.detection, self.model + other.model, self.post + other.post)
+        return Timings(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other), strict=True)))
+
+    @property
+    def post(self) -> float:
+        """Everything after the model: decoding and pictures."""
+        return self.decode + self.pictures
 
     @property
     def total(self) -> float:
-        return self.detection + self.model + self.post
+        return sum(astuple(self))
 
 
 Exporter = Callable[[Path, str], list[Path]]
@@ -66,7 +73,8 @@ class TaskResult:
         if self.timings.detection:
             parts.append(f"detection {self.timings.detection:.2f} s")
         parts.append(f"model {self.timings.model:.2f} s")
-        parts.append(f"post-processing {self.timings.post:.2f} s")
+        parts.append(f"decoding {self.timings.decode:.2f} s")
+        parts.append(f"pictures {self.timings.pictures:.2f} s")
         line = " · ".join(parts + [self.device, self.dtype])
         return line[0].upper() + line[1:]
 

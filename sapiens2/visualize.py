@@ -65,6 +65,21 @@ def _small_keypoints(meta: KeypointMeta) -> np.ndarray:
     return small
 
 
+def _polylines(canvas: np.ndarray, shapes: np.ndarray, colors, widths) -> None:
+    """Anti-aliased polylines (M, points, 2) in fixed-point pixels, in their colours ((M, 3) or one) and
+    widths ((M,) or one), with one OpenCV call per colour and width. A one-point polyline is a disc of that
+    diameter, the same pixels as cv2.circle's."""
+    if len(shapes) == 0:
+        return
+    colors = np.broadcast_to(np.asarray(colors, dtype=np.int64), (len(shapes), 3))
+    widths = np.broadcast_to(np.asarray(widths, dtype=np.int64), (len(shapes),))
+    kinds, style_of = np.unique(np.column_stack([colors, widths]), axis=0, return_inverse=True)
+    closed = shapes.shape[1] == 1
+    for index, (red, green, blue, width) in enumerate(kinds.tolist()):
+        chosen = np.ascontiguousarray(shapes[style_of.ravel() == index], dtype=np.int32)
+        cv2.polylines(canvas, chosen, closed, (red, green, blue), width, cv2.LINE_AA, _SHIFT)
+
+
 def draw_pose(
     image: np.ndarray,
     persons: Sequence[Person],
@@ -72,36 +87,34 @@ def draw_pose(
     threshold: float = 0.3,
     show_boxes: bool = False,
 ) -> np.ndarray:
-    """Skeletons over the image: links, then keypoints whose score is at least threshold.
+    """Skeletons over the image: links, then keypoints whose score is at least threshold (face and hands
+    first, then the body joints with a white rim).
 
     Sizes follow the image size, and shrink for persons much smaller than the image.
     """
     canvas = _rgb(image).copy()
     small = _small_keypoints(meta)
-    # Small points first so the body joints stay on top; face and hands read as fine detail.
-    order = np.concatenate([np.flatnonzero(small), np.flatnonzero(~small)])
+    links = np.asarray(meta.links, dtype=np.int64).reshape(-1, 2)
+    link_colors = np.asarray(meta.link_colors, dtype=np.int64).reshape(-1, 3)
+    keypoint_colors = np.asarray(meta.keypoint_colors, dtype=np.int64).reshape(-1, 3)
+    thin_links = small[links[:, 0]] & small[links[:, 1]]
     image_unit = max(canvas.shape[:2]) / 640
     limit = 8 * max(canvas.shape[:2])  # keeps wild coordinates inside OpenCV's integer range
     for person in persons:
         box, keypoints, scores = person.box, person.keypoints, person.scores
         unit = max(0.5, min(image_unit, max(box[2], box[3]) / 320))
         thickness, radius = max(1, round(2 * unit)), max(2, round(3 * unit))
-        small_radius = max(1, round(unit))
         visible = (scores >= threshold) & np.isfinite(keypoints).all(axis=1)
         points = np.round(np.clip(np.nan_to_num(keypoints), -limit, limit) * (1 << _SHIFT)).astype(np.int64)
-        for (i, j), color in zip(meta.links, meta.link_colors, strict=True):
-            if visible[i] and visible[j]:
-                line = max(1, thickness // 2) if small[i] and small[j] else thickness
-                cv2.line(canvas, points[i].tolist(), points[j].tolist(), color, line, cv2.LINE_AA, _SHIFT)
-        for k in order[visible[order]]:
-            center = points[k].tolist()
-            if small[k]:
-                size = small_radius << _SHIFT
-            else:  # a white rim keeps body joints visible on links of their own colour
-                size = radius << _SHIFT
-                rim = size + (thickness << _SHIFT) // 2
-                cv2.circle(canvas, center, rim, RIM_COLOR, -1, cv2.LINE_AA, _SHIFT)
-            cv2.circle(canvas, center, size, meta.keypoint_colors[k], -1, cv2.LINE_AA, _SHIFT)
+        shown = visible[links[:, 0]] & visible[links[:, 1]]
+        widths = np.where(thin_links, max(1, thickness // 2), thickness)
+        _polylines(canvas, points[links[shown]], link_colors[shown], widths[shown])
+        face_hands, body = np.flatnonzero(visible & small), np.flatnonzero(visible & ~small)
+        discs = points[:, None, :]
+        _polylines(canvas, discs[face_hands], keypoint_colors[face_hands], 2 * max(1, round(unit)))
+        # A white rim keeps body joints visible on links of their own colour.
+        _polylines(canvas, discs[body], RIM_COLOR, 2 * radius + thickness)
+        _polylines(canvas, discs[body], keypoint_colors[body], 2 * radius)
         if show_boxes:
             x, y, w, h = np.round(box).astype(int).tolist()
             cv2.rectangle(canvas, (x, y), (x + w, y + h), BOX_COLOR, thickness, cv2.LINE_AA)

@@ -364,12 +364,19 @@ def test_to_hwc() -> None:
 
 
 def test_cpu_blur_equals_the_convolution_blur():
-    """The OpenCV blur used on the CPU matches torch's zero-padded separable convolution."""
-    from sapiens2.pose import _conv_blur, _gaussian_kernel, _separable_blur
+    """The OpenCV blur used on the CPU, a chunk of maps at a time, matches torch's zero-padded separable
+    convolution: each blurred map's maximum and the values read from it."""
+    from sapiens2.pose import _conv_blur, _gaussian_kernel, _separable_blur_reads
 
-    maps = torch.randn(7, 1, 40, 28, generator=torch.Generator().manual_seed(3))
+    generator = torch.Generator().manual_seed(3)
+    maps = torch.randn(2000, 40, 28, generator=generator)  # more than one chunk
     kernel = _gaussian_kernel(11, maps.dtype, maps.device)
-    torch.testing.assert_close(_separable_blur(maps, kernel), _conv_blur(maps, kernel), atol=1e-6, rtol=1e-5)
+    which = torch.randint(0, 2000, (500,), generator=generator)
+    pixels = torch.randint(0, 40 * 28, (500,), generator=generator)
+    maxima, values = _separable_blur_reads(maps, kernel, which, pixels)
+    expected = _conv_blur(maps.unsqueeze(1), kernel)
+    torch.testing.assert_close(maxima, expected.amax(dim=(1, 2, 3)), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(values, expected.view(2000, -1)[which, pixels], atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("size", [(97, 41), (300, 217), (20, 17)])

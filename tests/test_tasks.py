@@ -87,6 +87,8 @@ def test_task_pictures_and_exports(runtime, photo, task, tmp_path):
     main = result.pictures[0][1]
     assert main.shape == (height, width, 3) and main.dtype == np.uint8
     assert result.timings.model > 0 and result.device == "cpu" and result.dtype == "fp32"
+    assert result.timings.pictures > 0 and result.timings.decode >= 0
+    assert "decoding" in result.timing_line() and "pictures" in result.timing_line()
     files = result.export(tmp_path, "photo")
     assert files and all(path.is_file() and path.stat().st_size > 0 for path in files)
     assert sorted(path.name.removeprefix("photo") for path in files) == sorted(get_task(task).export_suffixes)

@@ -48,17 +48,19 @@ def row(outputs: Any, index: int) -> Any:
 def photo_results(
     context: PipelineContext,
     images: Sequence[LoadedImage],
-    make: Callable[[int, LoadedImage], TaskResult],
+    make: Callable[[int, LoadedImage, Timings], TaskResult],
     own_timings: Sequence[Timings] | None = None,
 ) -> list[TaskResult]:
-    """One result per photo from `make(index, image)`, timed as post-processing; each carries its share of
-    the batch's timings plus its `own_timings` (those measured for that photo alone, such as detection)."""
+    """One result per photo from `make(index, image, timings)`, which measures its drawing as "pictures"
+    in `timings`; the rest of its time counts as decoding. Each result carries its share of the batch's
+    timings plus its `own_timings` (those measured for that photo alone, such as detection)."""
     share = context.timings.share(len(images))
     results = []
     for index, image in enumerate(images):
         post = Timings()
-        with post.measure("post"):
-            result = make(index, image)
+        with post.measure("decode"):
+            result = make(index, image, post)
+        post.decode -= post.pictures  # measured inside make, within the decode span
         alone = own_timings[index] if own_timings is not None else Timings()
         result.timings = share + alone + post
         results.append(result)

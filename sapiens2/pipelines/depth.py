@@ -9,7 +9,7 @@ import numpy as np
 from ..export import write_depth, write_point_cloud
 from ..images import LoadedImage
 from ..postprocess import pointmap_to_image, to_hwc
-from ..results import TaskResult
+from ..results import TaskResult, Timings
 from ..visualize import depth_picture
 from .common import forward_photos, model_sizes, photo_results, row
 from .context import PipelineContext
@@ -30,7 +30,7 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
     masks = background_masks(context, images)
     sizes = model_sizes(images)
 
-    def make(index: int, image: LoadedImage) -> TaskResult:
+    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
         output = row(outputs, index)
         pointmap = pointmap_to_image(
             output.pointmaps, output.scales, sizes[index], settings, image.original_size
@@ -38,10 +38,12 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
         points = np.ascontiguousarray(to_hwc(pointmap[0]))
         mask = masks[index]
         foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
+        with timings.measure("pictures"):
+            picture = depth_picture(points[..., 2], foreground)
         return TaskResult(
             task=context.task.name,
             model_id=context.repo_id,
-            pictures=[("Depth", depth_picture(points[..., 2], foreground))],
+            pictures=[("Depth", picture)],
             prediction=points,
             exporter=_exporter(points, image.rgb, foreground),
             summary=f"{int(foreground.sum())} foreground points.",

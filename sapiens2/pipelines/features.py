@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ..export import write_features
 from ..images import LoadedImage
-from ..results import TaskResult
+from ..results import TaskResult, Timings
 from ..visualize import pca_picture
 from .common import forward_photos, photo_results
 from .context import PipelineContext
@@ -18,13 +18,15 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
     rows, columns = settings.height // patch[0], settings.width // patch[1]
     tokens = outputs.last_hidden_state
 
-    def make(index: int, image: LoadedImage) -> TaskResult:
+    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
         cls = tokens[index, 0].cpu().numpy()
         patches = tokens[index, -rows * columns :].T.reshape(-1, rows, columns).cpu().numpy()
+        with timings.measure("pictures"):
+            picture = pca_picture(patches, image.original_size)
         return TaskResult(
             task=context.task.name,
             model_id=context.repo_id,
-            pictures=[("Features (PCA)", pca_picture(patches, image.original_size))],
+            pictures=[("Features (PCA)", picture)],
             prediction=(cls, patches),
             exporter=lambda directory, stem: write_features(directory, stem, cls, patches),
             summary=f"{patches.shape[0]}-dimensional features on a {rows}x{columns} patch grid.",

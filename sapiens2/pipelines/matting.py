@@ -11,7 +11,7 @@ from ..export import write_matting, write_picture
 from ..images import LoadedImage, load_image
 from ..options import Option
 from ..postprocess import composite, matting_to_image, to_hwc
-from ..results import TaskResult
+from ..results import TaskResult, Timings
 from ..visualize import alpha_picture, cutout_on_checkerboard
 from .common import forward_photos, photo_results
 from .context import PipelineContext
@@ -43,21 +43,23 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
     background = _background(context.options)
     outputs, _ = forward_photos(context, images)
 
-    def make(index: int, image: LoadedImage) -> TaskResult:
+    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
         part = slice(index, index + 1)
         foreground, alpha = matting_to_image(
             outputs.foregrounds[part], outputs.alphas[part], image.original_size
         )
         blended = to_hwc(composite(foreground, alpha, background)[0])
         matte = to_hwc(alpha[0, 0])
-        return TaskResult(
-            task=context.task.name,
-            model_id=context.repo_id,
-            pictures=[
+        with timings.measure("pictures"):
+            pictures = [
                 ("Alpha", alpha_picture(matte)),
                 ("Cut-out", cutout_on_checkerboard(image.rgb, matte)),
                 ("Composite", blended),
-            ],
+            ]
+        return TaskResult(
+            task=context.task.name,
+            model_id=context.repo_id,
+            pictures=pictures,
             prediction=matte,
             exporter=_exporter(image.rgb, matte, blended),
         )

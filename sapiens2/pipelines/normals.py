@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ..export import write_normals
 from ..images import LoadedImage
 from ..postprocess import normals_to_image, to_hwc
-from ..results import TaskResult
+from ..results import TaskResult, Timings
 from ..visualize import normals_picture
 from .common import forward_photos, model_sizes, photo_results
 from .context import PipelineContext
@@ -21,16 +21,18 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
     masks = background_masks(context, images)
     sizes = model_sizes(images)
 
-    def make(index: int, image: LoadedImage) -> TaskResult:
+    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
         normals = outputs.normals[index : index + 1]
         # The reference normalizes before resizing, so interpolated pixels fall short of unit length;
         # normalizing again keeps its directions and makes every exported normal a unit vector.
         resized = normals_to_image(normals, sizes[index], settings, image.original_size)
         unit = to_hwc(F.normalize(resized, dim=1)[0])
+        with timings.measure("pictures"):
+            picture = normals_picture(unit, masks[index])
         return TaskResult(
             task=context.task.name,
             model_id=context.repo_id,
-            pictures=[("Normals", normals_picture(unit, masks[index]))],
+            pictures=[("Normals", picture)],
             prediction=unit,
             exporter=lambda directory, stem: write_normals(directory, stem, unit),
         )

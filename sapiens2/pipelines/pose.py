@@ -108,13 +108,14 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
             flipped = context.forward(model, crops.flip(-1), flip_pairs=_flip_pairs(model, meta)).heatmaps
     starts = np.cumsum([0] + [len(found) for found in detections]).tolist()
 
-    def make(index: int, image: LoadedImage) -> TaskResult:
+    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
         found, people = detections[index], slice(starts[index], starts[index + 1])
         keypoints, scores = decode_keypoints(
             heatmaps[people], found.boxes_xywh, settings.size, None if flipped is None else flipped[people]
         )
         persons = _in_photo_pixels(image, found, keypoints.cpu().numpy(), scores.cpu().numpy())
-        picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])
+        with timings.measure("pictures"):
+            picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])
         summary, notes = _summary(found)
         prediction = PosePrediction(persons, found, meta.names, image.original_size)
         return TaskResult(

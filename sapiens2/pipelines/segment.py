@@ -14,7 +14,7 @@ from ..kinds import ModelKind
 from ..metadata import BodyPartMeta, body_parts
 from ..options import Option
 from ..postprocess import segmentation_labels
-from ..results import TaskResult
+from ..results import TaskResult, Timings
 from ..visualize import overlay_segmentation, segmentation_legend
 from .common import forward_photos, photo_results
 from .context import PipelineContext
@@ -31,7 +31,7 @@ def body_part_labels(
     """Class ids (H, W) uint8 at each photo's original size, from `repo_id` (default: the task's model)."""
     outputs, _ = forward_photos(context, images, repo_id, kind)
     labels = []
-    with context.timings.measure("post"):
+    with context.timings.measure("decode"):
         for index, image in enumerate(images):
             logits = outputs.logits[index : index + 1]
             labels.append(segmentation_labels(logits, image.original_size)[0].to(torch.uint8).cpu().numpy())
@@ -64,10 +64,11 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
     meta = class_meta(context)
     opacity = context.options["opacity"]
 
-    def make(index: int, image: LoadedImage) -> TaskResult:
+    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
         seg = labels[index]
-        overlay = overlay_segmentation(image.rgb, seg, meta.palette, opacity)
-        legend = segmentation_legend(seg, meta)
+        with timings.measure("pictures"):
+            overlay = overlay_segmentation(image.rgb, seg, meta.palette, opacity)
+            legend = segmentation_legend(seg, meta)
         present = int((np.bincount(seg.ravel(), minlength=len(meta.names))[1:] > 0).sum())
         return TaskResult(
             task=context.task.name,
