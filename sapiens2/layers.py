@@ -233,13 +233,13 @@ class Attention(nn.Module):
         layers = (self.wq, self.wk, self.wv)
         return [t for layer in layers for t in (layer.weight, layer.bias) if t is not None]
 
-    @torch.no_grad()
     def fuse_projections(self) -> None:
         """Copy the q, k and v weights (and biases) into one tensor each and make the parameters views of
         it: the same parameters and names, updated in place by loading or by an optimizer, and one
-        projection for inference. Runs on construction, after loading and after dtype/device moves."""
+        projection for inference. Runs on construction, after loading, after dtype/device moves and on
+        copies."""
         # Views must be of the parameters' own kind: inference tensors when built in inference mode.
-        with torch.inference_mode(self.wq.weight.is_inference()):
+        with torch.inference_mode(self.wq.weight.is_inference()), torch.no_grad():
             weight, bias = stacked_projection(self.wq, self.wk, self.wv)
             start = 0
             for layer in (self.wq, self.wk, self.wv):
@@ -256,6 +256,11 @@ class Attention(nn.Module):
         super()._apply(fn, recurse)
         self.fuse_projections()
         return self
+
+    def __setstate__(self, state: dict) -> None:
+        # So do copy.deepcopy and unpickling.
+        super().__setstate__(state)
+        self.fuse_projections()
 
     def qkv_projection(self) -> tuple[Tensor, Tensor | None]:
         """Weight and bias of q, k and v as one projection: the fused tensors when no gradient is recorded

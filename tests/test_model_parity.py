@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
@@ -205,7 +206,7 @@ def test_strict_loading_into_a_built_model_keeps_the_fusion(pose_checkpoint):
         assert torch.equal(model(pixel_values).heatmaps, load_ours(pose_checkpoint)(pixel_values).heatmaps)
 
 
-def test_conversions_fuse_again(pose_checkpoint):
+def test_conversions_and_copies_fuse_again(pose_checkpoint):
     model = load_ours(pose_checkpoint)
     pixel_values = torch.randn(INPUT, generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
@@ -214,6 +215,10 @@ def test_conversions_fuse_again(pose_checkpoint):
     assert_fused(model)
     with torch.inference_mode():
         assert relative_error(model(pixel_values).heatmaps, expected) < 1e-2
+    copied = copy.deepcopy(model)
+    assert_fused(copied)
+    with torch.inference_mode():
+        assert torch.equal(copied(pixel_values).heatmaps, model(pixel_values).heatmaps)
 
 
 def test_a_replaced_parameter_is_used(pose_checkpoint):
