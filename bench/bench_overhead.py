@@ -2,12 +2,13 @@
 transformers' processor.
 
 No model runs: the real task pipelines (`sapiens2.tasks`) run with a stand-in model host whose forward
-answers with random outputs of the official shapes (body-part-like smooth logits for segmentation,
-Gaussian peaks for pose, prepared once), so each result's own timings give preprocessing ("model"),
-decoding and pictures. The reference is transformers' `Sapiens2ImageProcessor` (preprocessing and its
-post_process_* on the same outputs; it draws no pictures). Runs alternate between the two so that load
-from other processes hits both alike; the script prints medians, the ratio ours / reference for
-preprocessing plus decoding, and our median CPU time (all threads), which other processes disturb less.
+answers with random outputs of the official shapes (body-part-like smooth logits for segmentation, a
+soft-edged matte, Gaussian peaks for pose, prepared once), so each result's own timings give
+preprocessing ("model"), decoding and pictures. The reference is transformers' `Sapiens2ImageProcessor`
+(preprocessing and its post_process_* on the same outputs; it draws no pictures). Runs alternate between
+the two so that load from other processes hits both alike; the script prints medians, the ratio ours /
+reference for preprocessing plus decoding, and our median CPU time (all threads), which other processes
+disturb less.
 
     python -m bench.bench_overhead [--height 3000] [--width 4000] [--runs 5] [--persons 2] [--threads N]
 
@@ -67,7 +68,8 @@ class RandomOutputs:
 
     def __init__(self, photo_size: tuple[int, int], persons: int) -> None:
         maps = torch.randn(1, 3, 1024, 768)
-        alphas = torch.rand(1, 1, 1024, 768)
+        # A matte like a person's: opaque or clear regions with soft edges between them.
+        alphas = torch.sigmoid(8 * smooth_logits(1, seed=2))
         foregrounds = alphas * torch.rand(1, 3, 1024, 768)
         self.outputs = {
             "pose": models.Sapiens2PoseEstimatorOutput(heatmaps=peaks(persons, 308, seed=1)),

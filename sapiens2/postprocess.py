@@ -13,13 +13,21 @@ import torch.nn.functional as F
 from sapiens2.processing import ProcessorSettings, Size, unpad
 
 RGB = tuple[int, int, int]
+_COMPOSITE_ROWS = 32  # rows of a composite computed at a time on the CPU
 Background = RGB | np.ndarray | torch.Tensor | None
 
 
-def resize_maps(maps: torch.Tensor, size: Size) -> torch.Tensor:
-    """Bilinear resize (no antialiasing, half-pixel centers) of (B, C, h, w) maps to `size` (H, W)."""
+def resize_maps(maps: torch.Tensor, size: Size, *, channels_last: bool = False) -> torch.Tensor:
+    """Bilinear resize (no antialiasing, half-pixel centers) of (B, C, h, w) maps to `size` (H, W).
+
+    `channels_last` lays the result out with each pixel's channels side by side, which `to_hwc` then
+    reads without a copy; torch resizes three channels into that layout two to three times faster, with
+    values within one float32 ulp of the plain resize.
+    """
     if tuple(maps.shape[-2:]) == tuple(size):
         return maps
+    if channels_last:
+        maps = maps.contiguous(memory_format=torch.channels_last)
     return F.interpolate(maps, size=tuple(size), mode="bilinear", align_corners=False)
 
 
@@ -177,8 +185,9 @@ def segmentation_labels(logits: torch.Tensor, size: Size | None = None) -> torch
 def _photo_maps(
     maps: torch.Tensor, source_size: Size, settings: ProcessorSettings, size: Size | None
 ) -> torch.Tensor:
-    """Maps at model input resolution without the padding, resized to `size` or else the photo size."""
-    return resize_maps(unpad(maps, source_size, settings), size or source_size)
+    """Maps at model input resolution without the padding, resized to `size` or else the photo size, laid
+    out channels-last (for `to_hwc`)."""
+    return resize_maps(unpad(maps, source_size, settings), size or source_size, channels_last=True)
 
 
 def normals_to_image(
@@ -255,15 +264,38 @@ def composite(foreground: torch.Tensor, alpha: torch.Tensor, background: Backgro
         # Straight (not premultiplied) colour, as RGBA pictures store it.
         colour = (foreground / alpha.clamp_min(1e-6)).clamp_(0.0, 1.0)
         return _to_uint8(torch.cat([colour, alpha.clamp(0.0, 1.0)], dim=1))
-    pixels = _background(background, (foreground.shape[-2], foreground.shape[-1]), foreground)
-    # foreground + (1 - alpha) * background, rounded step by step like the reference (addcmul is not).
-    return _to_uint8(((1 - alpha) * pixels).add_(foreground).clamp_(0.0, 1.0))
+    height = foreground.shape[-2]
+    pixels = _background(background, (height, foreground.shape[-1]), foreground)
+    out = torch.empty(foreground.shape, dtype=torch.uint8, device=foreground.device)
+    # A band of rows at a time on the CPU, so that each step's result is still in cache for the next.
+    step = _COMPOSITE_ROWS if foreground.device.type == "cpu" else height
+    for start in range(0, height, step):
+        rows = slice(start, start + step)
+        under = pixels if pixels.shape[-2] == 1 else pixels[..., rows, :]
+        # foreground + (1 - alpha) * background, rounded step by step like the reference (addcmul is not).
+        blended = ((1 - alpha[..., rows, :]) * under).add_(foreground[..., rows, :])
+        out[..., rows, :] = _to_uint8(blended.clamp_(0.0, 1.0))
+    return out
 
 
 def to_hwc(tensor: torch.Tensor) -> np.ndarray:
-    """A (C, H, W) tensor as a numpy (H, W, C) array, or an (H, W) one as (H, W), on the CPU."""
+    """A (C, H, W) tensor as a numpy (H, W, C) array, or an (H, W) one as (H, W), on the CPU; a view
+    when the tensor is laid out channels-last on the CPU already."""
     array = tensor.detach().cpu()
-    return (array.permute(1, 2, 0) if array.ndim == 3 else array).contiguous().numpy()
+    if array.ndim == 2:
+        return array.contiguous().numpy()
+    hwc = array.permute(1, 2, 0)
+    if hwc.is_contiguous() or array.dtype not in (torch.uint8, torch.float32) or not 1 < len(array) <= 4:
+        return hwc.contiguous().numpy()
+    return cv2.merge([plane.contiguous().numpy() for plane in array])  # interleaves planes fastest
+
+
+def unit_vectors_(vectors: np.ndarray) -> np.ndarray:
+    """Each pixel's vector of (H, W, C) float32 `vectors` scaled to unit length, in place (zero vectors
+    stay zero, as with F.normalize); returns `vectors`."""
+    length = np.sqrt(np.einsum("ijk,ijk->ij", vectors, vectors))
+    vectors /= np.maximum(length, np.float32(1e-12), out=length)[..., None]
+    return vectors
 
 
 def alpha_to_uint8(alpha: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:

@@ -27,6 +27,7 @@ from sapiens2.postprocess import (
     resize_maps,
     segmentation_labels,
     to_hwc,
+    unit_vectors_,
 )
 from sapiens2.processing import BOX_PADDING, ProcessorSettings, as_boxes
 
@@ -361,6 +362,31 @@ def test_to_hwc() -> None:
     chw = torch.arange(24).view(2, 3, 4)
     assert to_hwc(chw).shape == (3, 4, 2) and to_hwc(chw)[1, 2, 1] == chw[1, 1, 2]
     assert to_hwc(chw[0]).shape == (3, 4)
+    for dtype in (torch.uint8, torch.float32, torch.int64):  # planes interleaved by OpenCV, or by torch
+        planes = torch.arange(3 * 5 * 7).view(1, 3, 5, 7).to(dtype)
+        expected = planes[0].permute(1, 2, 0).numpy()
+        np.testing.assert_array_equal(to_hwc(planes[0]), expected)
+        pixels_last = planes.contiguous(memory_format=torch.channels_last)
+        np.testing.assert_array_equal(to_hwc(pixels_last[0]), expected)
+    view = to_hwc(pixels_last[0])
+    view[0, 0, 0] = 99
+    assert pixels_last[0, 0, 0, 0] == 99, "a channels-last tensor is read in place"
+
+
+def test_channels_last_resize_is_the_resize_within_an_ulp() -> None:
+    maps = torch.randn(2, 3, 40, 30, generator=torch.Generator().manual_seed(4))
+    plain, pixels_last = resize_maps(maps, (97, 61)), resize_maps(maps, (97, 61), channels_last=True)
+    assert pixels_last.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(pixels_last, plain, rtol=2e-7, atol=1e-6)
+
+
+def test_unit_vectors_match_normalize() -> None:
+    vectors = torch.randn(20, 30, 3, generator=torch.Generator().manual_seed(5))
+    vectors[3, 4] = 0
+    expected = F.normalize(vectors, dim=-1).numpy()
+    unit = unit_vectors_(vectors.numpy().copy())
+    np.testing.assert_allclose(unit, expected, rtol=0, atol=2e-7)
+    assert not unit[3, 4].any()
 
 
 def test_cpu_blur_equals_the_convolution_blur():

@@ -156,6 +156,21 @@ def test_alpha_checkerboard_and_cutout(photo):
     np.testing.assert_array_equal(cutout[transparent], visualize.checkerboard(height, width)[transparent])
 
 
+def test_cutout_blends_like_one_whole_picture_blend(photo):
+    height, width = photo.shape[:2]
+    alpha = np.random.default_rng(2).uniform(-0.2, 1.2, (height, width)).astype(np.float32)
+    weight = visualize.alpha_to_uint8(alpha).astype(np.float32) / np.float32(255)
+    board = visualize.checkerboard(height, width)
+    expected = cv2.blendLinear(np.ascontiguousarray(photo[..., :3]), board, weight, 1.0 - weight)
+    np.testing.assert_array_equal(visualize.cutout_on_checkerboard(photo, alpha), expected)
+
+
+def test_label_counts_count_every_class():
+    seg = np.random.default_rng(3).integers(0, 29, (50, 70)).astype(np.uint8)
+    np.testing.assert_array_equal(visualize.label_counts(seg, 29), np.bincount(seg.ravel(), minlength=29))
+    assert visualize.label_counts(np.zeros((2, 2), np.int64), 3).tolist() == [4, 0, 0]
+
+
 def test_pca_separates_regions_and_is_stable():
     rng = np.random.default_rng(1)
     regions = np.zeros((12, 9), int)

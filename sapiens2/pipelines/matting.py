@@ -10,7 +10,7 @@ import numpy as np
 from ..export import write_matting, write_picture
 from ..images import LoadedImage, load_image
 from ..options import Option
-from ..postprocess import composite, matting_to_image, to_hwc
+from ..postprocess import alpha_to_uint8, composite, matting_to_image, to_hwc
 from ..results import TaskResult, Timings
 from ..visualize import alpha_picture, cutout_on_checkerboard
 from .common import forward_photos, photo_results
@@ -51,9 +51,10 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
         blended = to_hwc(composite(foreground, alpha, background)[0])
         matte = to_hwc(alpha[0, 0])
         with timings.measure("pictures"):
+            grey = alpha_to_uint8(matte)  # the pictures' and the files' matte, converted once
             pictures = [
-                ("Alpha", alpha_picture(matte)),
-                ("Cut-out", cutout_on_checkerboard(image.rgb, matte)),
+                ("Alpha", alpha_picture(grey)),
+                ("Cut-out", cutout_on_checkerboard(image.rgb, grey)),
                 ("Composite", blended),
             ]
         return TaskResult(
@@ -61,7 +62,7 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
             model_id=context.repo_id,
             pictures=pictures,
             prediction=matte,
-            exporter=_exporter(image.rgb, matte, blended),
+            exporter=_exporter(image.rgb, grey, blended),
         )
 
     return photo_results(context, images, make)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch.nn.functional as F
-
 from ..export import write_normals
 from ..images import LoadedImage
-from ..postprocess import normals_to_image, to_hwc
+from ..postprocess import normals_to_image, to_hwc, unit_vectors_
 from ..results import TaskResult, Timings
 from ..visualize import normals_picture
 from .common import forward_photos, model_sizes, photo_results
@@ -26,7 +24,7 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
         # The reference normalizes before resizing, so interpolated pixels fall short of unit length;
         # normalizing again keeps its directions and makes every exported normal a unit vector.
         resized = normals_to_image(normals, sizes[index], settings, image.original_size)
-        unit = to_hwc(F.normalize(resized, dim=1)[0])
+        unit = unit_vectors_(to_hwc(resized[0]))
         with timings.measure("pictures"):
             picture = normals_picture(unit, masks[index])
         return TaskResult(

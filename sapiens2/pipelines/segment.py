@@ -15,7 +15,7 @@ from ..metadata import BodyPartMeta, body_parts
 from ..options import Option
 from ..postprocess import segmentation_labels
 from ..results import TaskResult, Timings
-from ..visualize import overlay_segmentation, segmentation_legend
+from ..visualize import label_counts, overlay_segmentation, segmentation_legend
 from .common import forward_photos, photo_results
 from .context import PipelineContext
 
@@ -69,7 +69,7 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
         with timings.measure("pictures"):
             overlay = overlay_segmentation(image.rgb, seg, meta.palette, opacity)
             legend = segmentation_legend(seg, meta)
-        present = int((np.bincount(seg.ravel(), minlength=len(meta.names))[1:] > 0).sum())
+        present = int((label_counts(seg, len(meta.names))[1:] > 0).sum())
         return TaskResult(
             task=context.task.name,
             model_id=context.repo_id,
