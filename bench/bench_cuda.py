@@ -1,10 +1,13 @@
 """CUDA throughput of the 0.4b pose model, ours against transformers, from one random checkpoint, offline.
 
 Writes random fp32 weights of the official 0.4b pose architecture once with transformers, loads them in
-bfloat16 with both libraries, checks that our load never held an fp32 copy on the GPU, then times 1024x768
-inputs at batch 1 and 8: ms per image, images/s and achieved TFLOP/s for both, and the ratio.
+bfloat16 with both libraries, checks that our load never held an fp32 copy on the GPU and that both
+models agree, then times 1024x768 inputs at batch 1 and 8: ms per image, images/s, achieved TFLOP/s and
+the peak GPU memory of the forward for both, and the ratios. `--compile` also times our model under
+torch.compile (what `--compile` / SAPIENS2_COMPILE=1 do in the app), with the warm-up (compile) time of
+each batch size.
 
-    python bench/bench_cuda.py              # needs a CUDA GPU, about two minutes
+    python bench/bench_cuda.py [--compile]  # needs a CUDA GPU, a few minutes (compiling adds one or two)
     python bench/bench_cuda.py --cpu-smoke  # tiny model on the CPU: checks this script's logic only
 """
 
@@ -101,19 +104,37 @@ def load_reference(directory: Path, device: torch.device) -> nn.Module:
     return model.to(device).eval()
 
 
-def seconds_per_batch(forward: Callable[[], object], device: torch.device, iterations: int) -> float:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
+
+def seconds_per_batch(forward: Callable[[], object], device: torch.device, iterations: int) -> float:
     for _ in range(3):
         forward()
-    sync()
+    sync(device)
     start = time.perf_counter()
     for _ in range(iterations):
         forward()
-    sync()
+    sync(device)
     return (time.perf_counter() - start) / iterations
+
+
+def forward_peak(forward: Callable[[], object], device: torch.device) -> int:
+    """Peak memory one forward adds to what is already held (CUDA allocations; resident memory on the CPU)."""
+    meter = PeakMemory(device)
+    meter.start()
+    forward()
+    return meter.added()
+
+
+def warm_up_seconds(forward: Callable[[], object], device: torch.device) -> float:
+    """Time of the first call: with torch.compile, compiling for this input shape."""
+    sync(device)
+    start = time.perf_counter()
+    forward()
+    sync(device)
+    return time.perf_counter() - start
 
 
 def counted_tflop(model: nn.Module, pixels: torch.Tensor) -> float:
@@ -126,6 +147,7 @@ def counted_tflop(model: nn.Module, pixels: torch.Tensor) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU, to check the script")
+    parser.add_argument("--compile", action="store_true", help="also time our model under torch.compile")
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
     if not args.cpu_smoke and not torch.cuda.is_available():
@@ -155,18 +177,43 @@ def main() -> None:
     counted = counted_tflop(ours, pixels)
     print(f"TFLOP per image: {MODEL_CARD_TFLOP} (model card), {counted:.2f} counted by PyTorch"
           f"{'' if not args.cpu_smoke else ' (tiny model)'}")  # fmt: skip
-    print(f"{'batch':>5} {'model':12} {'ms/image':>9} {'images/s':>9} {'TFLOP/s card':>13} "
-          f"{'TFLOP/s counted':>16}")  # fmt: skip
+    models = {"ours": ours, "transformers": reference}
+    print(f"{'batch':>5} {'model':14} {'ms/image':>9} {'images/s':>9} {'TFLOP/s card':>13} "
+          f"{'TFLOP/s counted':>16} {'peak MB':>8}")  # fmt: skip
+    times: dict[tuple[str, int], tuple[float, int]] = {}
+
+    def measure(name: str, model: nn.Module, batch: int) -> None:
+        with torch.inference_mode():
+            run = lambda: model(pixels[:batch])  # noqa: E731
+            if name == "ours compiled":
+                print(f"{batch:5d} {name:14} first call (compiling for this shape): "
+                      f"{warm_up_seconds(run, device):.1f} s")  # fmt: skip
+            seconds = seconds_per_batch(run, device, iterations) / batch
+            peak = forward_peak(run, device)
+        times[name, batch] = seconds, peak
+        rates = f"{1 / seconds:9.1f} {MODEL_CARD_TFLOP / seconds:13.1f} {counted / seconds:16.1f}"
+        print(f"{batch:5d} {name:14} {seconds * 1e3:9.2f} {rates} {peak / 1e6:8.0f}")
+
     for batch in batches:
-        per_image = {}
-        for name, model in (("ours", ours), ("transformers", reference)):
-            with torch.inference_mode():
-                run = lambda model=model, inputs=pixels[:batch]: model(inputs)  # noqa: E731
-                seconds = seconds_per_batch(run, device, iterations) / batch
-            per_image[name] = seconds
-            print(f"{batch:5d} {name:12} {seconds * 1e3:9.2f} {1 / seconds:9.1f} "
-                  f"{MODEL_CARD_TFLOP / seconds:13.1f} {counted / seconds:16.1f}")  # fmt: skip
-        print(f"{batch:5d} ours/ref time {per_image['ours'] / per_image['transformers']:.2f} (target <= 1)")
+        for name, model in models.items():
+            measure(name, model, batch)
+    if args.compile:
+        ours.compile()  # in place, as the app's --compile does
+        for batch in batches:
+            measure("ours compiled", ours, batch)
+        with torch.inference_mode():
+            compiled_heatmaps = ours(pixels[:1]).heatmaps.float()
+        error = float((compiled_heatmaps - ours_heatmaps).norm() / ours_heatmaps.norm())
+        print(f"compiled vs eager heatmaps: relative difference {error:.2e}")
+        assert error < 5e-2, "the compiled model disagrees with the eager one"
+    for batch in batches:
+        reference_time, reference_peak = times["transformers", batch]
+        for name in ("ours", "ours compiled"):
+            if (name, batch) in times:
+                seconds, peak = times[name, batch]
+                ratio = seconds / reference_time
+                print(f"batch {batch}, {name} / transformers: time {ratio:.2f} (target <= 1), "
+                      f"peak memory {peak / max(reference_peak, 1):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
