@@ -23,6 +23,7 @@ from gradio.utils import get_upload_folder, is_in_or_equal
 
 from sapiens2.images import sanitize_filename
 from sapiens2.messages import describe_error, is_expected
+from sapiens2.progress import Progress
 from sapiens2.results import TaskResult
 from sapiens2.runtime import Runtime
 from sapiens2.runtime_arguments import add_runtime_arguments, runtime_from_arguments
@@ -184,8 +185,10 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
 
     def run_all(image: Any, size: str = sizes[0], progress: gr.Progress = PROGRESS) -> list:
         path, stem = _upload(image)
+        report = _reporter(progress)
         with _user_errors():
-            results = _overview(runtime, path, size, _reporter(progress))
+            results = _overview(runtime, path, size, report)
+            _stage(report, "writing files")
             folder = scratch.new_folder()
             files_out = [p for r in results for p in r.export(folder / r.task, stem)]
         height = min(results[0].pictures[0][1].shape[0], OVERVIEW_HEIGHT)
@@ -368,8 +371,10 @@ def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callab
         *values, progress = values
         path, stem = _upload(image)
         options = {name: _option_value(value) for name, value in zip(names, values, strict=True)}
+        report = _reporter(progress)
         with _user_errors():
-            result = _predict(runtime, task.name, path, size, options, _reporter(progress))
+            result = _predict(runtime, task.name, path, size, options, report)
+            _stage(report, "writing files")
             files = result.export(scratch.new_folder(), stem)
         pictures = dict(result.pictures)
         outputs = [pictures.get(title) for title in task.picture_titles]
@@ -444,11 +449,16 @@ def _summary(result: TaskResult) -> str:
     return "\n".join([result.summary, *(f"- {note}" for note in result.notes)]).strip()
 
 
-def _reporter(progress: gr.Progress | None) -> Callable[[float, str], None] | None:
+def _reporter(progress: gr.Progress | None) -> Progress | None:
     """The runtime's progress(fraction, text) callback drawn as the page's progress bar."""
     if progress is None:
         return None
     return lambda fraction, text: progress(fraction, desc=text)
+
+
+def _stage(report: Progress | None, text: str) -> None:
+    if report is not None:
+        report(None, text)
 
 
 @contextmanager

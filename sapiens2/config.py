@@ -165,6 +165,15 @@ class Sapiens2Config:
         """The model class name this config was saved for."""
         return self.architectures[0]
 
+    def accepts_input_size(self, size: tuple[int, int]) -> bool:
+        """Whether inputs of `size` (height, width) fit the model: any size does, except for a pointmap scale
+        branch, whose dense layer takes the flattened map of the patch grid of `image_size` only."""
+        head = self.head_config
+        if head is None or not head.has_scale_branch:
+            return True
+        channels, kernels = head.scale_conv_out_channels, head.scale_conv_kernel_sizes
+        return _scale_input_size(channels, kernels, size, self.patch_size) == head.scale_final_input_size
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Sapiens2Config:
         """Parse and validate a transformers-style config dict.

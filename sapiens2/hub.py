@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
+from huggingface_hub import HfApi, hf_hub_download, try_to_load_from_cache
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -27,11 +26,12 @@ from huggingface_hub.utils import httpx
 from huggingface_hub.utils import tqdm as hub_tqdm
 from torch import nn
 
-from sapiens2 import presets
+from sapiens2 import hub_access, presets
 from sapiens2.config import Sapiens2Config, load_config
 from sapiens2.device import resolve_device, resolve_dtype
 from sapiens2.errors import CheckpointDownloadError, CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.models import build_model
+from sapiens2.progress import Progress
 from sapiens2.weights import listed, read_state_dict
 
 CHECKPOINT_DIR_ENV = "SAPIENS2_CHECKPOINT_DIR"
@@ -39,7 +39,6 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 PROCESSOR_CONFIG_NAME = "preprocessor_config.json"
-Progress = Callable[[float, str], None]
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")
@@ -145,7 +144,7 @@ def checkpoint_download_size(repo_id: str, revision: str | None = None) -> int |
     """Bytes still to download for `repo_id`: 0 when local or cached, None when unknown (offline, no Hub)."""
     if _env_repo_dir(repo_id) is not None or _is_cached(repo_id, revision):
         return 0
-    if _offline():
+    if hub_access.local_only():
         return None
     try:
         info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
@@ -168,6 +167,12 @@ def use_checkpoint_dir(directory: str | os.PathLike[str]) -> Path:
     return path
 
 
+def display_name(source: str | os.PathLike[str]) -> str:
+    """A repo id as it is; a local folder or file by its own name only: messages show no server path."""
+    text = os.fspath(source)
+    return text if _is_repo_id(text) else Path(text).name or text
+
+
 # ---- resolution -------------------------------------------------------------------------------------------
 
 
@@ -184,12 +189,13 @@ def _env_repo_dir(repo_id: str) -> Path | None:
 
 
 def _fill_hint(repo_id: str) -> str:
-    root = os.environ.get(CHECKPOINT_DIR_ENV)
-    where = f"{CHECKPOINT_DIR_ENV}={root}" if root else f"{CHECKPOINT_DIR_ENV} is not set"
+    """What to do to run without the Hub, in plain words (no brackets, paths or markup)."""
+    looked = " It is not in the checkpoint folder either." if os.environ.get(CHECKPOINT_DIR_ENV) else ""
     return (
-        f"To load it without the Hub, set {CHECKPOINT_DIR_ENV}=<dir> and put {CONFIG_NAME} + {WEIGHTS_NAME} "
-        f"in <dir>/{repo_id}/ ({where})."
-    )
+        f"{looked} To run without the Hub, download it on a machine with internet access (hf download "
+        f"{repo_id} --local-dir checkpoints/{repo_id}), copy the checkpoints folder here and start with "
+        f"--checkpoint-dir checkpoints (or {CHECKPOINT_DIR_ENV}=checkpoints) and HF_HUB_OFFLINE=1."
+    ).lstrip()
 
 
 def _resolve_directory(directory: Path, repo_id: str | None = None) -> ResolvedCheckpoint:
@@ -229,12 +235,6 @@ def _resolve_hub(repo_id: str, revision: str | None, progress: Progress | None) 
     return ResolvedCheckpoint(config, shards, repo_id)
 
 
-def _offline() -> bool:
-    """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
-    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-    return flag or constants.HF_HUB_OFFLINE
-
-
 def _hub_cache_dir() -> str | None:
     """HF_HUB_CACHE or HF_HOME/hub as set now; None leaves huggingface_hub's default."""
     if os.environ.get("HF_HUB_CACHE"):
@@ -254,7 +254,7 @@ def _fetch(repo_id: str, filename: str, revision: str | None, progress: Progress
                 filename,
                 revision=revision,
                 cache_dir=_hub_cache_dir(),
-                local_files_only=_offline(),
+                local_files_only=hub_access.local_only(),
                 tqdm_class=_progress_bar(progress, f"{repo_id}/{filename}") if progress else None,
             )
         )
@@ -273,11 +273,13 @@ def _fetch(repo_id: str, filename: str, revision: str | None, progress: Progress
     except RemoteEntryNotFoundError as error:
         raise CheckpointNotFoundError(f"{at} has no file {filename}") from error
     except LocalEntryNotFoundError as error:
-        if _offline():
-            reason = "is not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids downloading it"
+        if hub_access.offline():
+            reason = "is not on this machine, and HF_HUB_OFFLINE=1 forbids downloading it"
+        elif not hub_access.reachable():
+            reason = "is not on this machine, and the Hugging Face Hub cannot be reached from it"
         else:
-            cause = error.__cause__ or error
-            reason = f"could not be downloaded (no connection?) nor found in the cache: {cause}"
+            hub_access.mark_unreachable()  # the next files fail at once instead of waiting on the network
+            reason = "could not be downloaded (the connection failed) nor found in the Hugging Face cache"
         raise CheckpointNotFoundError(f"{at}: {filename} {reason}. {_fill_hint(repo_id)}") from error
     except HfHubHTTPError as error:
         status = error.response.status_code

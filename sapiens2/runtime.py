@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,10 +20,10 @@ from .images import LoadedImage, load_image
 from .kinds import ModelKind
 from .pipelines.context import PipelineContext
 from .processing import ProcessorSettings
+from .progress import Progress, within
 from .results import TaskResult
 from .tasks import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
 
-Progress = Callable[[float, str], None]
 DEFAULT_BATCH_SIZE = 8
 
 
@@ -73,13 +73,23 @@ class Runtime:
         return self.cache.get(repo_id, progress=progress)
 
     def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
-        """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults."""
+        """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults at
+        the image size of the model's config; refused when the model cannot take inputs of that size."""
         if repo_id not in self._settings:
+            config = self.model(repo_id).config
             directory = hub.processor_config_dir(repo_id)
             if directory is None:
-                self._settings[repo_id] = ProcessorSettings.for_kind(kind)
+                settings = ProcessorSettings.for_kind(kind, config.image_size)
             else:
-                self._settings[repo_id] = ProcessorSettings.from_pretrained_dir(directory, kind)
+                settings = ProcessorSettings.from_pretrained_dir(directory, kind, config.image_size)
+            if not config.accepts_input_size(settings.size):
+                built, asked = _size_text(config.image_size), _size_text(settings.size)
+                raise ConfigError(
+                    f"{hub.display_name(repo_id)} was built for {built} inputs (image_size in its "
+                    f"config.json) and cannot run at the {asked} that its preprocessor_config.json asks for. "
+                    "Make the two sizes agree."
+                )
+            self._settings[repo_id] = settings
         return self._settings[repo_id]
 
     def detect(self, image: LoadedImage) -> Detections:
@@ -138,7 +148,7 @@ class Runtime:
         )
         results = entry.run(context, loaded)
         for image, result in zip(loaded, results, strict=True):
-            result.notes = list(image.notes) + result.notes
+            result.notes = list(image.notes) + context.notes + result.notes
             result.device, result.dtype = self.device_label, self.dtype_label
         return results
 
@@ -150,7 +160,8 @@ class Runtime:
         results = []
         for index, name in enumerate(ALL_TASKS):
             task = TASKS[name]
-            step = _sub_progress(progress, index, len(ALL_TASKS), task.title)
+            count = len(ALL_TASKS)
+            step = within(progress, index / count, (index + 1) / count, f"{task.title}: ")
             results.append(self.run(name, loaded, size=task.size_or_default(size), progress=step))
         return results
 
@@ -174,10 +185,8 @@ class Runtime:
         return "First use downloads " + " and ".join(lines) + "; later runs reuse it."
 
 
-def _sub_progress(progress: Progress | None, index: int, count: int, title: str) -> Progress | None:
-    if progress is None:
-        return None
-    return lambda fraction, text: progress((index + fraction) / count, f"{title}: {text}")
+def _size_text(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
 
 
 def _concatenated(chunks: Sequence[Any]) -> Any:

@@ -14,7 +14,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import numpy as np
 
 from .errors import Sapiens2Error
 from .images import sanitize_filename
+from .progress import Progress, within
 from .runtime import Runtime
 from .tasks import Task, get_task
 
@@ -33,7 +34,6 @@ DEFAULT_MAX_SECONDS = 10.0
 # WebM without a converter (OpenCV's FFmpeg logs a harmless note about the tag when writing it).
 VIDEO_FORMATS = {"mp4": "mp4v", "webm": "VP80"}
 
-Progress = Callable[[float, str], None]
 _END = object()
 
 
@@ -333,9 +333,14 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
         start = time.perf_counter()
         with reader, sink or contextlib.nullcontext():
             frames, persons = 0, None
+            if progress is not None:
+                progress(0.0, f"0 of {total or '?'} frames: decoding")
             for batch in _batches(reader, batch_size):
+                done = f"{frames} of {total or '?'} frames: "
+                step = within(progress, *_span(frames, len(batch), total), done)
+                images = [rgb for _, rgb in batch]
                 results = runtime.run_batch(
-                    task.name, [rgb for _, rgb in batch], size=job.size, model=job.model, **options
+                    task.name, images, size=job.size, model=job.model, progress=step, **options
                 )
                 for (index, _), result in zip(batch, results, strict=True):
                     if sink is not None:
@@ -346,8 +351,7 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
                         persons = (persons or 0) + result.persons
                 frames += len(batch)
                 if progress is not None:
-                    fraction = min(frames / total, 1.0) if total else 0.0
-                    progress(fraction, f"{frames} of {total or '?'} frames")
+                    progress(_span(frames, 0, total)[0], f"{frames} of {total or '?'} frames")
             if frames == 0:
                 raise VideoError(f"{Path(job.path).name}: no frame could be decoded")
         seconds = time.perf_counter() - start
@@ -362,6 +366,13 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
         persons=persons,
         notes=_notes(info, job.max_seconds),
     )
+
+
+def _span(done: int, batch: int, total: int | None) -> tuple[float, float]:
+    """Where, as fractions of the video, a batch of `batch` frames after the first `done` starts and ends."""
+    if not total:
+        return 0.0, 0.0
+    return min(done / total, 1.0), min((done + batch) / total, 1.0)
 
 
 def _batches(reader: FrameReader, size: int) -> Iterator[list[tuple[int, np.ndarray]]]:

@@ -7,7 +7,7 @@ import json
 import math
 import os
 import queue
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from sapiens2.errors import CheckpointError
+from sapiens2.progress import Progress
 
 # Original checkpoints store the RoPE periods, which the model recomputes from the config.
 IGNORED_SUFFIXES = ("rope_embed.periods",)
@@ -24,7 +25,6 @@ LISTED_NAMES = 5
 # Threads that read and convert tensors: reads and casts release the GIL, so a few overlap well.
 LOAD_THREADS = min(4, os.cpu_count() or 1)
 
-Progress = Callable[[float, str], None]
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from tiny_models import tiny_config, write_tiny_checkpoint
 
 import sapiens2
-from sapiens2 import hub, presets
+from sapiens2 import hub, hub_access, presets
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.kinds import KINDS
@@ -336,21 +338,23 @@ def test_offline_with_nothing_cached_says_how_to_provide_the_files(empty_hf_home
     with pytest.raises(CheckpointNotFoundError) as error:
         sapiens2.from_pretrained(REPO, device="cpu")
     message = str(error.value)
-    assert REPO in message and "HF_HUB_OFFLINE=1" in message
-    hint = f"set SAPIENS2_CHECKPOINT_DIR=<dir> and put config.json + model.safetensors in <dir>/{REPO}/"
-    assert hint in message
+    assert message.startswith(f"{REPO}: config.json is not on this machine, and HF_HUB_OFFLINE=1 forbids")
+    assert f"hf download {REPO} --local-dir checkpoints/{REPO}" in message
+    assert "--checkpoint-dir checkpoints (or SAPIENS2_CHECKPOINT_DIR=checkpoints)" in message
+    assert not set(message) & set("<>*`[]"), "plain text: nothing that HTML or Markdown would swallow"
     assert sapiens2.checkpoint_download_size(REPO) is None
 
 
 def test_offline_with_a_missing_revision_names_it(empty_hf_home):
-    with pytest.raises(CheckpointNotFoundError, match=rf"{REPO}@v2: config.json is not in the Hugging Face"):
+    with pytest.raises(CheckpointNotFoundError, match=rf"{REPO}@v2: config.json is not on this machine"):
         sapiens2.from_pretrained(REPO, device="cpu", revision="v2")
 
 
 def test_checkpoint_dir_without_the_repo_falls_back_to_the_hub(empty_hf_home, tmp_path, monkeypatch):
     monkeypatch.setenv(hub.CHECKPOINT_DIR_ENV, str(tmp_path / "mine"))
-    with pytest.raises(CheckpointNotFoundError, match=rf"{hub.CHECKPOINT_DIR_ENV}={tmp_path / 'mine'}"):
+    with pytest.raises(CheckpointNotFoundError, match="It is not in the checkpoint folder either") as error:
         sapiens2.from_pretrained(REPO, device="cpu")
+    assert str(tmp_path) not in str(error.value), "the message shows no folder of the server"
 
 
 def cache_in_hf_home(hf_home: Path, source: Path, names: list[str]) -> Path:
@@ -376,6 +380,12 @@ def test_hugging_face_cache_is_used_offline(empty_hf_home, pose_dir):
     assert sapiens2.checkpoint_download_size(REPO) == 0
 
 
+@pytest.fixture
+def reachable_hub(monkeypatch):
+    """The Hub taken as reachable without asking it: the test's stand-ins answer for it."""
+    monkeypatch.setattr(hub_access, "reachable", lambda: True)
+
+
 def http_response(status: int) -> httpx.Response:
     return httpx.Response(status, request=httpx.Request("GET", f"https://huggingface.co/{REPO}"))
 
@@ -392,7 +402,9 @@ def http_response(status: int) -> httpx.Response:
         (LocalEntryNotFoundError("no"), CheckpointNotFoundError, "could not be downloaded"),
     ],
 )
-def test_hub_failures_become_one_clear_error(monkeypatch, no_checkpoint_dir, raised, expected, message):
+def test_hub_failures_become_one_clear_error(
+    monkeypatch, no_checkpoint_dir, reachable_hub, raised, expected, message
+):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
@@ -405,7 +417,7 @@ def test_hub_failures_become_one_clear_error(monkeypatch, no_checkpoint_dir, rai
     assert REPO in str(error.value)
 
 
-def test_download_size_counts_only_what_is_not_cached(empty_hf_home, pose_dir, monkeypatch):
+def test_download_size_counts_only_what_is_not_cached(empty_hf_home, pose_dir, monkeypatch, reachable_hub):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     sizes = {hub.CONFIG_NAME: 2_000, hub.WEIGHTS_NAME: 5_000_000, "README.md": 10}
@@ -481,3 +493,51 @@ def test_processor_config_dir_finds_the_file_or_answers_none(tmp_path, monkeypat
     assert hub.processor_config_dir("facebook/sapiens2-seg-0.4b") is None
     assert hub.processor_config_dir(str(with_file)) == with_file
     assert hub.processor_config_dir("facebook/sapiens2-pose-0.4b") is None  # offline, nothing cached
+
+
+class SilentServer:
+    """A local TCP server that accepts connections and never answers: a Hub that cannot be reached."""
+
+    def __init__(self):
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.accepted = 0
+        self.connections = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+
+    def _accept(self):
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.connections.append(connection)
+
+    def close(self):
+        for connection in self.connections:
+            connection.close()
+        self.socket.close()
+
+
+def test_an_unreachable_hub_is_asked_once_and_every_file_fails_at_once(empty_hf_home, monkeypatch):
+    silent = SilentServer()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", silent.url)
+    hub_access.forget()
+    try:
+        for _ in range(3):
+            with pytest.raises(CheckpointNotFoundError) as error:
+                sapiens2.from_pretrained(REPO, device="cpu")
+            assert "the Hugging Face Hub cannot be reached from it" in str(error.value)
+            assert "HF_HUB_OFFLINE=1" in str(error.value)
+        assert sapiens2.checkpoint_download_size(REPO) is None
+        assert hub.processor_config_dir(REPO) is None
+        assert silent.accepted == 1, "one short request told the machine has no connection"
+    finally:
+        hub_access.forget()
+        silent.close()

@@ -112,6 +112,16 @@ def test_flip_test_changes_keypoints_but_not_their_count(runtime, photo):
     assert not np.allclose(plain[0].keypoints, flipped[0].keypoints)
 
 
+def test_progress_says_each_stage_in_order(runtime, photo):
+    pose, depth = [], []
+    runtime.run("pose", photo, progress=lambda fraction, text: pose.append(text))
+    runtime.run("depth", photo, progress=lambda fraction, text: depth.append(text))
+    persons = len(runtime.run("pose", photo).prediction.persons)
+    noun = "person" if persons == 1 else "persons"
+    assert pose == ["detecting persons", f"running the model on {persons} {noun}", "drawing the pictures"]
+    assert depth == ["running the model", "running the body-part model", "drawing the pictures"]
+
+
 def test_segmentation_export_matches_prediction(runtime, photo, tmp_path):
     result = runtime.run("segment", photo, opacity=1.0)
     png, npy = result.export(tmp_path, "photo")

@@ -25,11 +25,13 @@ def forward_photos(
     images: Sequence[LoadedImage],
     repo_id: str | None = None,
     kind: ModelKind | None = None,
+    stage: str = "running the model",
 ) -> tuple[Any, ProcessorSettings]:
     """The output dataclass of `repo_id`'s model (default: the task's) for whole photos, and its processor
-    settings; preprocessing and the forward count as model time."""
+    settings; preprocessing and the forward count as model time, reported as `stage`."""
     model = context.model(repo_id)
     settings = context.settings(repo_id, kind)
+    context.stage(stage)
     with context.timings.measure("model"):
         outputs = context.forward(model, preprocess([image.model_rgb for image in images], settings))
     return outputs, settings
@@ -54,6 +56,7 @@ def photo_results(
     """One result per photo from `make(index, image)`, timed as post-processing; each carries its share of
     the batch's timings plus its `own_timings` (those measured for that photo alone, such as detection)."""
     share = context.timings.share(len(images))
+    context.stage("drawing the pictures")
     results = []
     for index, image in enumerate(images):
         post = Timings()

@@ -91,10 +91,13 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
     meta = keypoint_meta(model)
     options = context.options
     detection_timings = [Timings() for _ in images]
+    context.stage("detecting persons")
     detections = []
     for image, timing in zip(images, detection_timings, strict=True):
         with timing.measure("detection"):
             detections.append(context.host.detect(image))
+    persons = sum(len(found) for found in detections)
+    context.stage(f"running the model on {persons} person{'s' * (persons != 1)}")
     with context.timings.measure("model"):
         crops = torch.cat(
             [

@@ -29,7 +29,8 @@ def body_part_labels(
     kind: ModelKind | None = None,
 ) -> list[np.ndarray]:
     """Class ids (H, W) uint8 at each photo's original size, from `repo_id` (default: the task's model)."""
-    outputs, _ = forward_photos(context, images, repo_id, kind)
+    stage = "running the model" if repo_id is None else "running the body-part model"
+    outputs, _ = forward_photos(context, images, repo_id, kind, stage)
     labels = []
     with context.timings.measure("post"):
         for index, image in enumerate(images):
