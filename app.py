@@ -21,6 +21,7 @@ from typing import Any
 import gradio as gr
 from gradio.utils import get_upload_folder, is_in_or_equal
 
+from sapiens2.export import write_picture
 from sapiens2.images import sanitize_filename
 from sapiens2.messages import describe_error, is_expected
 from sapiens2.progress import Progress
@@ -30,7 +31,7 @@ from sapiens2.runtime_arguments import add_runtime_arguments, runtime_from_argum
 from sapiens2.scratch import ScratchSpace
 from sapiens2.tasks import ALL_TASKS, TASKS, Task, all_sizes, get_task
 from sapiens2.video import DEFAULT_MAX_SECONDS, VideoJob, VideoResult, process_video
-from sapiens2.visualize import grid
+from sapiens2.visualize import fit_for_display
 
 try:  # On a Hugging Face ZeroGPU Space, this lends the function a GPU for the length of each call.
     import spaces
@@ -52,7 +53,7 @@ MODEL_EVENTS = "models"
 MAX_QUEUE = 24
 MAX_UPLOAD = "40mb"
 NOT_UPLOADED = "Only uploaded files are read, never a path on the server. Please upload the image itself."
-OVERVIEW_HEIGHT = 1024  # the "All tasks" grid's picture height at most, in pixels
+SHOWN_MAX_SIDE = 4096  # pictures on the page at most this long (a 48 MP PNG takes seconds to encode)
 LIVE_WINDOW = 10  # frames the live frame rate is measured over
 FIRST_TASK = next(iter(TASKS))
 # Marks the parameter Gradio fills with each request's own progress tracker.
@@ -139,10 +140,9 @@ def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace) -> None:
             gr.Examples(EXAMPLES, inputs=[image], label="Example photos", cache_examples=False)
         with gr.Column(scale=3):
             pictures = _picture_outputs(task.picture_titles, f"{task.name}-picture")
-            summary = gr.Markdown()
-            timing = gr.Markdown(elem_classes="studio-timing")
-            cloud = gr.Model3D(label="Point cloud", height=420) if "ply" in task.export_kinds else None
-            files = gr.File(label="Downloads", file_count="multiple", interactive=False, height=200)
+            summary, timing = _text_outputs()
+            cloud = gr.Model3D(label=task.viewer_title, height=420) if task.viewer_title else None
+            files = _downloads(f"{task.name}-downloads")
     outputs = [*pictures, summary, timing, files, *([cloud] if cloud else [])]
     event = button.click(
         _task_handler(task, runtime, scratch),
@@ -176,12 +176,16 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
             button = gr.Button("Run all tasks", variant="primary", elem_id="all-run")
             gr.Examples(EXAMPLES, inputs=[image], label="Example photos", cache_examples=False)
         with gr.Column(scale=4):
-            picture = gr.Image(
-                label="All tasks", show_label=False, format="png", interactive=False, elem_id="all-picture"
-            )
-            summary = gr.Markdown()
-            timing = gr.Markdown(elem_classes="studio-timing")
-            files = gr.File(label="Downloads", file_count="multiple", interactive=False, height=200)
+            tiles = [TASKS[name] for name in ALL_TASKS]
+            pictures = []
+            for row in (tiles[:3], tiles[3:]):
+                with gr.Row(equal_height=True):
+                    for task in row:
+                        with gr.Column(min_width=280):
+                            gr.Markdown(f"#### {task.title}")
+                            pictures.append(_shown_picture(task.picture_titles[0], 340, f"all-{task.name}"))
+            summary, timing = _text_outputs()
+            files = _downloads("all-downloads")
 
     def run_all(image: Any, size: str = sizes[0], progress: gr.Progress = PROGRESS) -> list:
         path, stem = _upload(image)
@@ -191,17 +195,15 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
             _stage(report, "writing files")
             folder = scratch.new_folder()
             files_out = [p for r in results for p in r.export(folder / r.task, stem)]
-        height = min(results[0].pictures[0][1].shape[0], OVERVIEW_HEIGHT)
-        tiles = [result.pictures[0][1] for result in results]
-        combined = grid(tiles, [TASKS[result.task].title for result in results], height=height)
-        lines = [f"**{TASKS[r.task].title}**: {_summary(r) or 'done.'}" for r in results]
+            shown = [_picture_files(folder / r.task, stem, TASKS[r.task], r)[0] for r in results]
+        lines = [f"{TASKS[r.task].title}: {_summary(r) or 'done.'}" for r in results]
         timings = [f"{TASKS[r.task].title}: {r.timing_line()}" for r in results]
-        return [combined, "\n\n".join(lines), "<br>".join(timings), [str(p) for p in files_out]]
+        return [*shown, "\n\n".join(lines), "\n".join(timings), [str(p) for p in files_out]]
 
     button.click(
         run_all,
         inputs=[image, size],
-        outputs=[picture, summary, timing, files],
+        outputs=[*pictures, summary, timing, files],
         api_name="all",
         api_description="Every picture task on one photo, side by side.",
         preprocess=False,
@@ -216,6 +218,11 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             clip = gr.Video(label="Clip", sources=["upload"], elem_id="video-clip")
+            gr.Markdown(
+                "MP4, MOV, WebM, MKV or AVI. The preview above may not play some MP4 files (those written "
+                "with the mp4v codec, OpenCV's default, for one): the clip still runs.",
+                elem_classes="studio-timing",
+            )
             choice = _task_choice()
             sizes = all_sizes(TASKS.values())
             size = gr.Dropdown(
@@ -225,7 +232,7 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
         with gr.Column(scale=3):
             shown = gr.Video(label="Result", interactive=False, elem_id="video-result")
             summary = gr.Markdown()
-            files = gr.File(label="Downloads", file_count="multiple", interactive=False, height=160)
+            files = _downloads("video-downloads")
 
     def run_video(video: Any, task: str = FIRST_TASK, size: str = sizes[0], progress: gr.Progress = PROGRESS):
         path = video
@@ -288,6 +295,7 @@ def _live_tab(runtime: Runtime) -> None:
         stream_every=0.1,
         time_limit=600,
         concurrency_id=MODEL_EVENTS,
+        show_progress="hidden",
         api_visibility="private",
     )
 
@@ -331,12 +339,28 @@ def _control(option) -> gr.components.Component:
 
 def _picture_outputs(titles: Sequence[str], elem_id: str) -> list[gr.Image]:
     """The first picture large (with `elem_id`), the others side by side under it."""
-    main = gr.Image(label=titles[0], format="png", height=520, interactive=False, elem_id=elem_id)
+    main = _shown_picture(titles[0], 520, elem_id)
     if len(titles) == 1:
         return [main]
     with gr.Row():
-        rest = [gr.Image(label=title, format="png", height=300, interactive=False) for title in titles[1:]]
+        rest = [_shown_picture(title, 300) for title in titles[1:]]
     return [main, *rest]
+
+
+def _shown_picture(title: str, height: int, elem_id: str | None = None) -> gr.Image:
+    return gr.Image(label=title, type="filepath", height=height, interactive=False, elem_id=elem_id)
+
+
+def _text_outputs() -> tuple[gr.Markdown, gr.Markdown]:
+    """The summary and the timing line: plain text, one line per line."""
+    summary = gr.Markdown(line_breaks=True)
+    timing = gr.Markdown(line_breaks=True, elem_classes="studio-timing")
+    return summary, timing
+
+
+def _downloads(elem_id: str) -> gr.File:
+    """The list of files to download, as tall as it needs to be to show every file."""
+    return gr.File(label="Downloads", file_count="multiple", interactive=False, height=None, elem_id=elem_id)
 
 
 # ---- handlers ----------------------------------------------------------------------------------------------
@@ -375,12 +399,13 @@ def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callab
         with _user_errors():
             result = _predict(runtime, task.name, path, size, options, report)
             _stage(report, "writing files")
-            files = result.export(scratch.new_folder(), stem)
-        pictures = dict(result.pictures)
-        outputs = [pictures.get(title) for title in task.picture_titles]
+            folder = scratch.new_folder()
+            files = result.export(folder, stem)
+            view = result.viewer(folder, stem) if task.viewer_title and result.viewer else None
+            outputs = _picture_files(folder, stem, task, result)
         outputs += [_summary(result), result.timing_line(), [str(path) for path in files]]
-        if "ply" in task.export_kinds:
-            outputs.append(next((str(path) for path in files if path.suffix == ".ply"), None))
+        if task.viewer_title:
+            outputs.append(None if view is None else str(view))
         return outputs
 
     parameter = inspect.Parameter
@@ -394,6 +419,21 @@ def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callab
     )
     handler.__name__ = task.name
     return handler
+
+
+def _picture_files(folder: Path, stem: str, task: Task, result: TaskResult) -> list[str]:
+    """The result's pictures as PNG files named after the photo and the picture (photo_pose.png, ...),
+    shrunk to SHOWN_MAX_SIDE for the page; the downloads keep the photo's full size."""
+    pictures = dict(result.pictures)
+    shown = folder / "shown"
+    return [
+        str(
+            write_picture(
+                shown, stem, picture.suffix, fit_for_display(pictures[picture.title], SHOWN_MAX_SIDE)
+            )[0]
+        )
+        for picture in task.pictures
+    ]
 
 
 def _note_handler(runtime: Runtime, task: str) -> Callable[[str], str]:

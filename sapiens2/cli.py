@@ -102,11 +102,6 @@ def collect_sources(inputs: Sequence[str], out: Path) -> tuple[list[Source], lis
     ], missing
 
 
-def picture_suffix(title: str) -> str:
-    """`_body_parts` for the picture titled "Body parts"."""
-    return "_" + sanitize_filename(title.lower().replace(" ", "_"), "picture")
-
-
 @dataclass(frozen=True)
 class Plan:
     """What to write: export kinds (json, png, npy, ply), whether to write pictures, the videos' format."""
@@ -114,18 +109,17 @@ class Plan:
     exports: frozenset[str]
     pictures: bool
     overwrite: bool
-    video_format: str = "mp4"
+    video_format: str = "webm"
 
     def export_suffixes(self, task: Task) -> list[str]:
         return [s for s in task.export_suffixes if s.rsplit(".", 1)[-1] in self.exports]
 
     def picture_suffixes(self, task: Task) -> dict[str, str]:
-        """Picture title -> file suffix; a picture that an export writes under the same name is left to it."""
+        """Picture title -> file suffix; a picture whose content an export writes is left to that export."""
         if not self.pictures:
             return {}
-        taken = set(self.export_suffixes(task))
-        named = {title: picture_suffix(title) for title in task.picture_titles}
-        return {title: suffix for title, suffix in named.items() if f"{suffix}.png" not in taken}
+        exports = set(self.export_suffixes(task))
+        return {picture.title: picture.suffix for picture in task.pictures if picture.same_as not in exports}
 
     def image_outputs(self, task: Task, source: Source) -> list[Path]:
         suffixes = self.export_suffixes(task) + [f"{s}.png" for s in self.picture_suffixes(task).values()]
@@ -419,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run Sapiens2 models on photos, folders of photos and videos.",
         epilog=(
             "Outputs: OUT/<input path under its folder, without extension>_<kind>.<ext>; videos give "
-            f"<name>_<task>.mp4 (or .webm){_frame_logs()}. Exit status: 0 when at least one input succeeded "
+            f"<name>_<task>.webm (or .mp4){_frame_logs()}. Exit status: 0 when at least one input succeeded "
             "(or its outputs were already there), 1 when nothing succeeded, 2 for a usage error."
         ),
     )
@@ -483,8 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
     video.add_argument(
         "--video-format",
         choices=list(VIDEO_FORMATS),
-        default="mp4",
-        help="mp4 (mp4v, fast to write) or webm (VP8, plays in web browsers); default mp4",
+        default="webm",
+        help="webm (VP8: plays in web browsers and desktop players; default) or mp4 (mp4v: several times "
+        "faster to write, for long videos on a GPU; desktop players only)",
     )
     return parser
 

@@ -57,6 +57,7 @@ class TaskResult:
     notes: list[str] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
     persons: int | None = None  # persons the detector found, for tasks that detect them
+    viewer: Callable[[Path, str], Path] | None = None  # writes the file a 3-D viewer shows, if any
     device: str = "cpu"
     dtype: str = "fp32"
 

@@ -21,6 +21,16 @@ Runner = Callable[["PipelineContext", "Sequence[LoadedImage]"], "list[TaskResult
 
 
 @dataclass(frozen=True)
+class Picture:
+    """A picture a task draws: its title, the file it is saved as (the photo's stem, `suffix`, ".png"), and
+    the export that already holds what it shows, if one does (then only that export is written)."""
+
+    title: str
+    suffix: str
+    same_as: str | None = None
+
+
+@dataclass(frozen=True)
 class Task:
     """One task: the kind of checkpoint it runs, its options, what it draws and what it exports."""
 
@@ -30,7 +40,7 @@ class Task:
     kind: ModelKind
     default_size: str
     options: tuple[Option, ...]
-    picture_titles: tuple[str, ...]
+    pictures: tuple[Picture, ...]
     # The files its exports write, after the photo's stem: "_pose.json", "_points.ply", ...
     export_suffixes: tuple[str, ...]
     runner: Runner
@@ -39,12 +49,18 @@ class Task:
     helper: ModelKind | None = None
     helper_option: str | None = None
     # For videos: a record of every frame written beside the video (pose: the official demo's JSON).
-    frame_log: Callable[[], FrameLog] | None = None
+    frame_log: type[FrameLog] | None = None
+    # The title of a 3-D view of each result (TaskResult.viewer writes its file), if the task has one.
+    viewer_title: str | None = None
 
     @property
     def repos(self) -> dict[str, str]:
         """Official checkpoint repo id per model size, smallest first."""
         return {size: self.kind.repo_id(size) for size in self.kind.sizes}
+
+    @property
+    def picture_titles(self) -> tuple[str, ...]:
+        return tuple(picture.title for picture in self.pictures)
 
     @property
     def export_kinds(self) -> tuple[str, ...]:
@@ -138,7 +154,7 @@ def _build_registry() -> dict[str, Task]:
             POSE,
             "0.4b",
             pose.OPTIONS,
-            ("Keypoints",),
+            (Picture("Keypoints", "_pose"),),
             ("_pose.json",),
             pose.run,
             frame_log=pose.FramePoses,
@@ -150,7 +166,7 @@ def _build_registry() -> dict[str, Task]:
             SEG,
             "0.4b",
             segment.OPTIONS,
-            ("Body parts", "Legend"),
+            (Picture("Body parts", "_segmentation_overlay"), Picture("Legend", "_segmentation_legend")),
             ("_segmentation.png", "_segmentation.npy"),
             segment.run,
         ),
@@ -161,7 +177,7 @@ def _build_registry() -> dict[str, Task]:
             NORMAL,
             "0.4b",
             (background,),
-            ("Normals",),
+            (Picture("Normals", "_normals"),),
             ("_normals.npy",),
             normals.run,
             helper=SEG,
@@ -174,11 +190,12 @@ def _build_registry() -> dict[str, Task]:
             POINTMAP,
             "0.4b",
             (background,),
-            ("Depth",),
+            (Picture("Depth", "_depth"),),
             ("_depth.npy", "_points.ply"),
             depth.run,
             helper=SEG,
             helper_option="remove_background",
+            viewer_title="Point cloud (a preview; the full cloud is in Downloads)",
         ),
         Task(
             "matting",
@@ -187,7 +204,11 @@ def _build_registry() -> dict[str, Task]:
             MATTING,
             "1b",
             matting.OPTIONS,
-            ("Alpha", "Cut-out", "Composite"),
+            (
+                Picture("Alpha", "_alpha", same_as="_alpha.png"),
+                Picture("Cut-out", "_cutout_on_checkerboard", same_as="_cutout.png"),
+                Picture("Composite", "_composite", same_as="_composite.png"),
+            ),
             ("_alpha.png", "_cutout.png", "_composite.png"),
             matting.run,
         ),
@@ -198,7 +219,7 @@ def _build_registry() -> dict[str, Task]:
             PRETRAIN,
             "0.1b",
             (),
-            ("Features (PCA)",),
+            (Picture("Features (PCA)", "_features_pca"),),
             ("_cls.npy", "_patches.npy"),
             features.run,
             in_overview=False,

@@ -12,6 +12,8 @@ import math
 import os
 import queue
 import secrets
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -31,8 +33,12 @@ from .tasks import Task, get_task
 VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".avi", ".mkv", ".webm"})
 DEFAULT_MAX_SECONDS = 10.0
 # Container -> OpenCV codec. mp4v is fast to write and plays in desktop players; browsers play the VP8
-# WebM without a converter (OpenCV's FFmpeg logs a harmless note about the tag when writing it).
+# WebM without a converter.
 VIDEO_FORMATS = {"mp4": "mp4v", "webm": "VP80"}
+# What OpenCV's FFmpeg prints on stderr when it opens a VP8 WebM writer: the muxer stores no codec tag,
+# which changes nothing in the file.
+_HARMLESS_WRITER_NOTES = (b"is not supported with codec id",)
+_stderr_lock = threading.Lock()
 
 _END = object()
 
@@ -62,8 +68,9 @@ class VideoJob:
 
     Frames go through the model `batch_size` at a time (None: the runtime's); `stride` keeps every n-th
     frame; `max_frames` and `max_seconds` (of source time; None for no limit) cut the video short. The
-    video shows the task's first picture of each frame, as an mp4v MP4 or, with video_format="webm", a VP8
-    WebM that browsers play; `write_log` also writes the task's frame log, if it has one.
+    video shows the task's first picture of each frame, as a VP8 WebM that browsers play or, with
+    video_format="mp4", an mp4v MP4 (much faster to write; desktop players only); `write_log` also writes
+    the task's frame log, if it has one.
     """
 
     task: str
@@ -77,7 +84,7 @@ class VideoJob:
     max_frames: int | None = None
     stride: int = 1
     batch_size: int | None = None
-    video_format: str = "mp4"
+    video_format: str = "webm"
     write_video: bool = True
     write_log: bool = True
 
@@ -267,7 +274,8 @@ class VideoFileWriter:
             self._size = (width, height)
             codec = VIDEO_FORMATS[self.path.suffix[1:]]
             fourcc = cv2.VideoWriter_fourcc(*codec)
-            self._writer = cv2.VideoWriter(os.fspath(self._temporary), fourcc, self._fps, self._size)
+            with _native_notes_dropped(_HARMLESS_WRITER_NOTES):
+                self._writer = cv2.VideoWriter(os.fspath(self._temporary), fourcc, self._fps, self._size)
             if not self._writer.isOpened():
                 raise VideoError(f"OpenCV cannot write {codec} video at {self.path}")
         if (width, height) != self._size:
@@ -283,12 +291,31 @@ class VideoFileWriter:
             self._temporary.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _native_notes_dropped(harmless: tuple[bytes, ...]) -> Iterator[None]:
+    """Leave out of stderr the lines native code prints there that contain one of `harmless`; every other
+    line written meanwhile, by any thread, is passed on."""
+    with _stderr_lock, tempfile.TemporaryFile() as captured:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(True) if not any(n in line for n in harmless)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 def video_outputs(
     task: Task,
     out_dir: str | os.PathLike,
     stem: str,
     *,
-    video_format: str = "mp4",
+    video_format: str = "webm",
     write_video: bool = True,
     write_log: bool = True,
 ) -> list[Path]:

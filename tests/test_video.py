@@ -13,6 +13,7 @@ from sapiens2.tasks import get_task
 from sapiens2.video import (
     FrameReader,
     VideoError,
+    VideoFileWriter,
     VideoJob,
     planned_frames,
     process_video,
@@ -83,7 +84,7 @@ def test_pose_video_and_its_frame_list(runtime, clip, tmp_path):
     job = VideoJob("pose", path, tmp_path)
     result = process_video(runtime, job, progress=lambda f, text: calls.append((f, text)))
     assert result.files == video_outputs(get_task("pose"), tmp_path, "walk")
-    assert result.files == [tmp_path / "walk_pose.mp4", tmp_path / "walk_predictions.json"]
+    assert result.files == [tmp_path / "walk_pose.webm", tmp_path / "walk_predictions.json"]
     frames, fps = read_video(result.video_path)
     assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
     assert (result.frames, result.fps, result.notes) == (FRAMES, FPS, [])
@@ -114,7 +115,7 @@ def test_segmentation_video_shows_each_frame_overlay_in_order(runtime, clip, tmp
     path, source = clip
     result = process_video(runtime, VideoJob("segment", path, tmp_path, options={"opacity": 0.8}))
     assert result.log_path is None and result.persons is None
-    assert result.files == [tmp_path / "walk_segment.mp4"]
+    assert result.files == [tmp_path / "walk_segment.webm"]
     frames, fps = read_video(result.video_path)
     assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
     overlays = [result.pictures[0][1] for result in runtime.run_batch("segment", source, opacity=0.8)]
@@ -146,14 +147,23 @@ def test_stride_and_limits_choose_the_frames(runtime, clip, tmp_path, options, f
     )
 
 
-def test_a_webm_for_browsers(runtime, clip, tmp_path):
+def test_an_mp4_fast_to_write(runtime, clip, tmp_path):
     path, _ = clip
-    result = process_video(runtime, VideoJob("segment", path, tmp_path, max_frames=3, video_format="webm"))
-    assert result.files == [tmp_path / "walk_segment.webm"]
+    result = process_video(runtime, VideoJob("segment", path, tmp_path, max_frames=3, video_format="mp4"))
+    assert result.files == [tmp_path / "walk_segment.mp4"]
     frames, fps = read_video(result.video_path)
     assert len(frames) == 3 and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
     with pytest.raises(ValueError, match="not one of mp4, webm"):
         VideoJob("segment", path, tmp_path, video_format="gif")
+
+
+def test_writing_a_webm_prints_nothing_on_stderr(tmp_path, capfd):
+    capfd.readouterr()
+    with VideoFileWriter(tmp_path / "clip.webm", FPS) as sink:
+        for value in range(3):
+            sink.write(np.full((HEIGHT, WIDTH, 3), 60 * value, np.uint8))
+    assert capfd.readouterr().err == ""
+    assert len(read_video(tmp_path / "clip.webm")[0]) == 3
 
 
 class FakeCapture:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..export import write_depth, write_point_cloud
+from ..export import write_depth, write_point_cloud, write_point_cloud_preview
 from ..images import LoadedImage
 from ..postprocess import pointmap_to_image, to_hwc
 from ..results import TaskResult
@@ -45,6 +45,9 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
             prediction=points,
             exporter=_exporter(points, image.rgb, foreground),
             summary=f"{int(foreground.sum())} foreground points.",
+            viewer=lambda directory, stem: write_point_cloud_preview(
+                directory, stem, points, image.rgb, foreground
+            ),
         )
 
     return photo_results(context, images, make)
