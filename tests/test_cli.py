@@ -139,11 +139,11 @@ def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
     assert status == EXIT_OK
     expected = {name for task in ALL_TASKS for stem in PHOTOS.values() for name in expected_files(task, stem)}
     assert files_under(out) == expected
-    # Pictures are named after their titles; the matting alpha and composite are written once, as exports.
+    # One name per thing: the matting alpha, cut-out and composite are written once, as exports.
     assert {name.removeprefix("grace_hopper") for name in expected if name.startswith("grace")} == {
-        *("_pose.json", "_keypoints.png", "_segmentation.png", "_segmentation.npy", "_body_parts.png"),
-        *("_legend.png", "_normals.npy", "_normals.png", "_depth.npy", "_points.ply", "_depth.png"),
-        *("_alpha.png", "_cutout.png", "_composite.png", "_cut-out.png"),
+        *("_pose.json", "_pose.png", "_segmentation.png", "_segmentation.npy", "_segmentation_overlay.png"),
+        *("_segmentation_legend.png", "_normals.npy", "_normals.png", "_depth.npy", "_points.ply"),
+        *("_depth.png", "_alpha.png", "_cutout.png", "_composite.png"),
     }
     assert "Done in" in printed and f"{len(expected)} files written" in printed
     assert "broken.jpg: The image file is incomplete" in printed and "1 failure:" in printed

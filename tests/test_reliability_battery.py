@@ -167,7 +167,8 @@ def test_every_bad_file_gets_a_sentence_or_a_correct_result(server, client, batt
         )
         picture, summary, _, files = client.predict(payload, api_name="/features")
         height, width = case.size
-        assert picture_size(picture) == (width, height)
+        shown = min(1.0, app.SHOWN_MAX_SIDE / max(height, width))  # the page gets at most 4096 px
+        assert picture_size(picture) == (round(width * shown), round(height * shown))
         if case.note:
             assert case.note in summary
         assert len(files) == 2 and all(np.isfinite(np.load(path)).all() for path in files)
@@ -273,11 +274,13 @@ def test_an_upload_name_never_builds_a_path(server, name):
     event, outputs = call(server.url, "features", [upload(server.url, GOOD_PHOTO.read_bytes(), name), "0.1b"])
     assert event == "complete"
     folder = server.scratch.folders()[-1]
-    written = sorted(path.name for path in folder.iterdir())
+    written = sorted(path.name for path in folder.iterdir() if path.is_file())
     offered = sorted(Path(item["path"]).name for item in outputs[3])
     assert written == offered and len(written) == 2
-    for file_name in written:
-        assert re.fullmatch(r"\w[\w.-]*_(cls|patches)\.npy", file_name), file_name
+    shown = [path.name for path in (folder / "shown").iterdir()]
+    assert shown == [Path(outputs[0]["path"]).name]
+    for file_name in written + shown:
+        assert re.fullmatch(r"\w[\w.-]*_(cls\.npy|patches\.npy|features_pca\.png)", file_name), file_name
         assert len(file_name) <= 140
     if name == TRAVERSAL_NAME:
         assert written == ["passwd_cls.npy", "passwd_patches.npy"]
