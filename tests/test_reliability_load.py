@@ -27,8 +27,8 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-from app_server import PHOTOS, environment, free_port, running_app, tiny_detector, wait_until_idle
-from gradio_client import Client, handle_file
+from app_server import PHOTOS, Client, environment, free_port, running_app, tiny_detector, wait_until_idle
+from gradio_client import handle_file
 from gradio_client.utils import QueueError
 from PIL import Image
 
@@ -84,13 +84,15 @@ class Concurrency:
 
 
 class Clients:
-    """CLIENTS API clients, each in its own thread, sending requests and sorting the answers.
+    """CLIENTS API clients, each used by one thread only, sending requests and sorting the answers.
 
-    Request i goes to ENDPOINTS[i % 2]; an answer is a result, a queue-full answer, or a failure.
+    Request i goes to ENDPOINTS[i % 2]; an answer is a result, a queue-full answer, or a failure. A Client
+    is never used by two threads at once (see app_server.Client for the race that would open).
     """
 
     def __init__(self, url: str):
-        self.clients = [Client(url, verbose=False, download_files=False) for _ in range(CLIENTS)]
+        self.url = url
+        self.local = threading.local()
         self.outcomes: Counter[str] = Counter()
         self.failures: list[str] = []
         self.lock = threading.Lock()
@@ -102,7 +104,9 @@ class Clients:
                 pass
 
     def _one(self, index: int, photo: Path) -> None:
-        client = self.clients[index % CLIENTS]
+        client = getattr(self.local, "client", None)
+        if client is None:
+            client = self.local.client = Client(self.url, verbose=False, download_files=False)
         endpoint = ENDPOINTS[index % len(ENDPOINTS)]
         try:
             outputs = client.predict(handle_file(str(photo)), api_name=endpoint)
