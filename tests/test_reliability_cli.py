@@ -60,8 +60,9 @@ def test_fifos_devices_and_loops_of_links_are_reported_and_the_rest_runs(
 def test_a_file_name_that_is_not_utf8_on_a_strict_utf8_terminal(small_mirror, tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
-    name = b"caf\xe9_\xff.jpg"  # Latin-1 bytes: not UTF-8
-    shutil.copy(PHOTO, os.path.join(os.fsencode(folder), name))
+    shutil.copy(PHOTO, os.path.join(os.fsencode(folder), b"caf\xe9_\xff.jpg"))  # Latin-1 bytes: not UTF-8
+    with open(os.path.join(os.fsencode(folder), b"d\xe9j\xe0_vu.jpg"), "wb") as broken:  # its name is printed
+        broken.write(b"not a photo")
     done = run_cli_process(
         "segment", folder, "--out", tmp_path / "out", "--checkpoint-dir", small_mirror, "--device", "cpu",
         "--exports", "npy", "--no-pictures",
@@ -69,7 +70,8 @@ def test_a_file_name_that_is_not_utf8_on_a_strict_utf8_terminal(small_mirror, tm
     )  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert "Traceback" not in done.stderr.decode()
-    assert "1 file written" in done.stdout.decode()
+    printed = done.stdout.decode()
+    assert "1 file written" in printed and "d\\xe9j\\xe0_vu.jpg: The file is not an image" in printed
 
 
 @pytest.mark.parametrize("case", ["a file", "a name too long", "under a file"])
