@@ -238,7 +238,7 @@ def test_gradio_deletes_the_uploads_and_answers_it_keeps(small_mirror, tmp_path)
     cache = tmp_path / "gradio"
     with environment(GRADIO_TEMP_DIR=str(cache), SAPIENS2_CHECKPOINT_DIR=str(small_mirror)):
         demo = app.build_app(Runtime(device="cpu", dtype="fp32"), ScratchSpace(tmp_path / "scratch"))
-        assert demo.delete_cache == (1800, 3600)
+        assert demo.delete_cache == (app.CACHE_SWEEP, app.CACHE_LIFE)
         demo.delete_cache = (2, 2)
         port = free_port()
         app.launch(demo, port=port, prevent_thread_lock=True)
