@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import inspect
 import logging
 import os
@@ -20,17 +21,23 @@ from typing import Any
 
 import gradio as gr
 from gradio.utils import get_upload_folder, is_in_or_equal
+from starlette.middleware import Middleware
 
+from sapiens2.errors import LimitError
 from sapiens2.export import write_picture
 from sapiens2.images import sanitize_filename
+from sapiens2.jobs import Cancelled, DeviceSlot, Job, run_until_stopped
+from sapiens2.limits import Limits
 from sapiens2.messages import describe_error, is_expected
 from sapiens2.progress import Progress
 from sapiens2.results import TaskResult
 from sapiens2.runtime import Runtime
 from sapiens2.runtime_arguments import add_runtime_arguments, runtime_from_arguments
 from sapiens2.scratch import ScratchSpace
+from sapiens2.shutdown import exit_cleanly_on_signals
 from sapiens2.tasks import ALL_TASKS, TASKS, Task, all_sizes, get_task
-from sapiens2.video import DEFAULT_MAX_SECONDS, VideoJob, VideoResult, process_video
+from sapiens2.uploads import UploadQuota
+from sapiens2.video import VideoJob, VideoResult, process_video
 from sapiens2.visualize import fit_for_display
 
 try:  # On a Hugging Face ZeroGPU Space, this lends the function a GPU for the length of each call.
@@ -50,9 +57,18 @@ EXAMPLES = [[str(ASSETS / "grace_hopper.jpg")], [str(ASSETS / "astronaut.png")]]
 # Every model event shares one concurrency group of size 1: the device never runs two forwards at once,
 # and requests beyond the queue's size get a "queue is full" answer instead of waiting without end.
 MODEL_EVENTS = "models"
+# Webcam streams have their own group: a stream holds its place there for its whole time, but takes the
+# device only one frame at a time, between requests (sapiens2.jobs.DeviceSlot).
+LIVE_EVENTS = "live"
+LIVE_STREAMS = 4
+VIDEO_BATCH = 4  # frames per model call for /video: bounds the frames and results held at once
 MAX_QUEUE = 24
 MAX_UPLOAD = "40mb"
-NOT_UPLOADED = "Only uploaded files are read, never a path on the server. Please upload the image itself."
+# Gradio deletes its copies of uploads and answers older than CACHE_LIFE seconds, every CACHE_SWEEP seconds;
+# what one client uploads is counted over the life of a file (sapiens2.uploads).
+CACHE_SWEEP, CACHE_LIFE = 600, 1800
+NOT_UPLOADED = "Only uploaded files are read, never a path on the server. Please upload the file itself."
+CANCELLED = "The request was cancelled."
 SHOWN_MAX_SIDE = 4096  # pictures on the page at most this long (a 48 MP PNG takes seconds to encode)
 LIVE_WINDOW = 10  # frames the live frame rate is measured over
 FIRST_TASK = next(iter(TASKS))
@@ -82,21 +98,23 @@ THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="sky")
 def build_app(runtime: Runtime, scratch: ScratchSpace | None = None) -> gr.Blocks:
     """The whole UI: one tab per task, an "All tasks" tab and a live webcam tab."""
     scratch = scratch or ScratchSpace()
-    with gr.Blocks(title=TITLE, delete_cache=(1800, 3600)) as demo:
+    slot = DeviceSlot()
+    with gr.Blocks(title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE)) as demo:
         with gr.Column(elem_classes="studio-header"):
             gr.Markdown(f"# {TITLE}\n{INTRO}")
             gr.Markdown(_device_note(runtime), elem_classes="studio-note")
         with gr.Tabs():
             for task in TASKS.values():
                 with gr.Tab(task.title, id=task.name):
-                    _task_tab(task, runtime, scratch)
+                    _task_tab(task, runtime, scratch, slot)
             with gr.Tab("All tasks", id="all"):
-                _overview_tab(runtime, scratch)
+                _overview_tab(runtime, scratch, slot)
             with gr.Tab("Video", id="video"):
-                _video_tab(runtime, scratch)
+                _video_tab(runtime, scratch, slot)
             with gr.Tab("Live webcam", id="live"):
-                _live_tab(runtime)
+                _live_tab(runtime, slot)
         gr.Markdown(LICENCE, elem_classes="studio-note")
+    demo.device_slot = slot
     return demo
 
 
@@ -110,12 +128,14 @@ def launch(
 ):
     """Start the server with the app's queue limits, theme and upload cap."""
     demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
+    quota = Middleware(UploadQuota, window=CACHE_SWEEP + CACHE_LIFE)
     return demo.launch(
         server_name=host,
         server_port=port,
         share=share,
         prevent_thread_lock=prevent_thread_lock,
         max_file_size=MAX_UPLOAD,
+        app_kwargs={"middleware": [quota]},
         theme=THEME,
         css=CSS,
     )
@@ -124,7 +144,7 @@ def launch(
 # ---- tabs --------------------------------------------------------------------------------------------------
 
 
-def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace) -> None:
+def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> None:
     """Input, model size, the task's options and its outputs, wired to the endpoint /<task name>."""
     gr.Markdown(f"### {task.title}\n{task.description}")
     with gr.Row(equal_height=False):
@@ -145,7 +165,7 @@ def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace) -> None:
             files = _downloads(f"{task.name}-downloads")
     outputs = [*pictures, summary, timing, files, *([cloud] if cloud else [])]
     event = button.click(
-        _task_handler(task, runtime, scratch),
+        _on_device(slot, _task_handler(task, runtime, scratch)),
         inputs=[image, size, *controls.values()],
         outputs=outputs,
         api_name=task.name,
@@ -158,7 +178,7 @@ def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace) -> None:
     event.then(refresh, size, note, queue=False, api_visibility="private")
 
 
-def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
+def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> None:
     """One photo through every picture task, shown side by side; endpoint /all."""
     *first, last = [TASKS[name].title.lower() for name in ALL_TASKS]
     titles = f"{', '.join(first)} and {last}"
@@ -196,12 +216,13 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
             folder = scratch.new_folder()
             files_out = [p for r in results for p in r.export(folder / r.task, stem)]
             shown = [_picture_files(folder / r.task, stem, TASKS[r.task], r)[0] for r in results]
+            _check_output(scratch, folder)
         lines = [f"{TASKS[r.task].title}: {_summary(r) or 'done.'}" for r in results]
         timings = [f"{TASKS[r.task].title}: {r.timing_line()}" for r in results]
         return [*shown, "\n\n".join(lines), "\n".join(timings), [str(p) for p in files_out]]
 
     button.click(
-        run_all,
+        _on_device(slot, run_all),
         inputs=[image, size],
         outputs=[*pictures, summary, timing, files],
         api_name="all",
@@ -211,10 +232,12 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
     )
 
 
-def _video_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
+def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> None:
     """A short clip through a chosen task, frame by frame; endpoint /video."""
-    limit = f"{DEFAULT_MAX_SECONDS:g} s"
-    gr.Markdown(f"### Video\nA short clip through one task; the first {limit} are processed.")
+    limits = Limits.from_env()
+    gr.Markdown(
+        f"### Video\nA short clip through one task; the first {limits.video_frames} frames are processed."
+    )
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             clip = gr.Video(label="Clip", sources=["upload"], elem_id="video-clip")
@@ -235,35 +258,44 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace) -> None:
             files = _downloads("video-downloads")
 
     def run_video(video: Any, task: str = FIRST_TASK, size: str = sizes[0], progress: gr.Progress = PROGRESS):
-        path = video
+        path, _ = _upload(video)
         if not path:
             raise gr.Error("Please upload a video clip first.", print_exception=False)
         with _user_errors():
+            limits = Limits.from_env()
+            folder = scratch.new_folder()
             job = VideoJob(
-                task,
+                get_task(task).name,
                 path,
-                scratch.new_folder(),
+                folder,
                 size=get_task(task).size_or_default(size),
-                max_seconds=DEFAULT_MAX_SECONDS,
+                # Frames are counted, not seconds (a container may claim any frame rate), and their size is
+                # limited; a few frames per model call bound what is held at once.
+                max_seconds=None,
+                max_frames=limits.video_frames,
+                batch_size=VIDEO_BATCH,
                 # WebM (VP8): browsers play it as written, and OpenCV here cannot write H.264.
                 video_format="webm",
+                limits=limits,
             )
             result = _process_video(runtime, job, _reporter(progress))
+            _check_output(scratch, folder)
         line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second."
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
         return str(result.video_path), summary_text, [str(p) for p in result.files]
 
     button.click(
-        run_video,
+        _on_device(slot, run_video),
         inputs=[clip, choice, size],
         outputs=[shown, summary, files],
         api_name="video",
         api_description="A short clip through one task; returns the processed video and its files.",
+        preprocess=False,  # the upload reaches the handler untouched: nothing but sapiens2.media opens it
         concurrency_id=MODEL_EVENTS,
     )
 
 
-def _live_tab(runtime: Runtime) -> None:
+def _live_tab(runtime: Runtime, slot: DeviceSlot) -> None:
     """Webcam frames streamed through a chosen task with its smallest model, with the frame rate."""
     gr.Markdown(
         "### Live webcam\nEvery frame goes through the chosen task with its smallest model. " + LICENCE,
@@ -280,9 +312,12 @@ def _live_tab(runtime: Runtime) -> None:
     def on_frame(frame: Any, task: str, times: list[float]) -> tuple[Any, str, list[float]]:
         if frame is None:
             return gr.skip(), gr.skip(), times
-        with _user_errors():
-            entry = get_task(task)
-            result = _predict(runtime, task, frame, next(iter(entry.repos)), {}, None)
+        with slot.frame() as granted:
+            if not granted:  # the device is busy: this frame is dropped, the next one may run
+                return gr.skip(), gr.skip(), times
+            with _user_errors():
+                entry = get_task(task)
+                result = _predict(runtime, entry.name, frame, next(iter(entry.repos)), {}, None)
         times = (times + [time.perf_counter()])[-LIVE_WINDOW:]
         fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
         line = f"**{fps:.1f} frames per second** · {entry.title} {result.model_id} · {result.timing_line()}"
@@ -294,7 +329,8 @@ def _live_tab(runtime: Runtime) -> None:
         outputs=[shown, rate, recent],
         stream_every=0.1,
         time_limit=600,
-        concurrency_id=MODEL_EVENTS,
+        concurrency_id=LIVE_EVENTS,
+        concurrency_limit=LIVE_STREAMS,
         show_progress="hidden",
         api_visibility="private",
     )
@@ -403,6 +439,7 @@ def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callab
             files = result.export(folder, stem)
             view = result.viewer(folder, stem) if task.viewer_title and result.viewer else None
             outputs = _picture_files(folder, stem, task, result)
+            _check_output(scratch, folder)
         outputs += [_summary(result), result.timing_line(), [str(path) for path in files]]
         if task.viewer_title:
             outputs.append(None if view is None else str(view))
@@ -506,14 +543,82 @@ def _user_errors() -> Iterator[None]:
     """Turns any failure into a gr.Error with a sentence saying what happened and what to do."""
     try:
         yield
-    except gr.Error:
+    except (gr.Error, Cancelled):
         raise
     except Exception as error:
         if is_expected(error):
-            log.info("request refused: %s", error)
+            log.info("request refused: %s", describe_error(error))  # the operator's sentence, with paths
         else:
             log.exception("request failed")
-        raise gr.Error(describe_error(error), print_exception=False) from error
+        raise gr.Error(describe_error(error, public=True), print_exception=False) from error
+
+
+def _check_output(scratch: ScratchSpace, folder: Path) -> None:
+    """Refuse (and delete) a request's files when they take more than the output limit."""
+    try:
+        Limits.from_env().check_output(scratch.folder_bytes(folder))
+    except LimitError:
+        scratch.discard(folder)
+        raise
+
+
+def _on_device(slot: DeviceSlot, handler: Callable) -> Callable:
+    """The handler as Gradio runs it: on a thread, holding the device slot for its whole work.
+
+    Cancelling the request (Job.cancel() in gradio_client, the page's stop button) or closing the page
+    stops the work at its next check between batches, frames or tasks; Gradio's own slot is given back
+    only once the work has stopped, so two requests never run at once, cancelled or not.
+    """
+
+    @functools.wraps(handler)
+    async def on_device(*args: Any) -> Any:
+        job = Job(_client_connected())
+
+        def work() -> Any:
+            with slot.request(job, on_wait=_waiting_note(args)):
+                return handler(*args)
+
+        try:
+            return await run_until_stopped(None, job, work)
+        except Cancelled:
+            raise gr.Error(CANCELLED, print_exception=False) from None
+
+    return on_device
+
+
+def _waiting_note(args: Sequence[Any]) -> Callable[[], None]:
+    """Tells the page that the request waits for a webcam frame or a request to finish."""
+    progress = next((arg for arg in args if isinstance(arg, gr.Progress)), None)
+
+    def note() -> None:
+        if progress is not None:
+            progress(0.0, desc="Waiting for the model: the work before this one is finishing")
+
+    return note
+
+
+def _client_connected() -> Callable[[], bool] | None:
+    """Whether the client of the request running in this context is still connected.
+
+    Gradio marks a running event as no longer alive when its page is closed, but does not stop it: the
+    work asks this between batches. Gradio has no public call for it; if its internals change, the work
+    simply runs to its end as before.
+    """
+    from gradio.context import LocalContext
+
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    queue = getattr(blocks, "_queue", None)
+    if queue is None or event_id is None:
+        return None
+
+    def connected() -> bool:
+        try:
+            events = [event for job in queue.active_jobs if job for event in job if event._id == event_id]
+            return all(event.alive for event in events)
+        except Exception:  # Gradio's internals changed: never cancel on a guess
+            return True
+
+    return connected
 
 
 # ---- command line ------------------------------------------------------------------------------------------
@@ -541,6 +646,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(describe_error(error))
     scratch = ScratchSpace()
     atexit.register(scratch.remove)
+    exit_cleanly_on_signals(scratch.remove)
     launch(build_app(runtime, scratch), host=args.host, port=args.port, share=args.share)
 
 

@@ -7,9 +7,11 @@ read is reported and skipped; outputs already there are kept unless --overwrite.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import secrets
 import shutil
+import stat
 import sys
 import time
 from collections import Counter
@@ -23,6 +25,7 @@ from huggingface_hub.utils import tqdm  # the tqdm that huggingface_hub, a depen
 from .detector import DetectorError
 from .errors import CheckpointError, ConfigError
 from .export import write_picture
+from .files import file_kind, file_problem
 from .images import ImageInputError, LoadedImage, load_image, sanitize_filename
 from .messages import describe_error, is_expected
 from .options import Option
@@ -44,6 +47,7 @@ from .video import (
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 EXIT_OK, EXIT_NOTHING_SUCCEEDED = 0, 1  # argparse exits with 2 on usage errors
 EXPORT_KINDS = ("json", "png", "npy", "ply")
+NAME_MAX, PATH_MAX = 255, 4095  # bytes of one part of a path and of a whole path (Linux)
 # Errors that concern the task's model or detector rather than one input: the task stops there.
 TASK_ERRORS = (CheckpointError, DetectorError, ConfigError)
 
@@ -69,26 +73,56 @@ def _walk(folder: Path, skip: Path) -> Iterator[Path]:
     """Image and video files under `folder`, sorted, leaving out hidden entries and the `skip` folder."""
     for root, folders, files in os.walk(folder):
         folders[:] = sorted(
-            name for name in folders if not name.startswith(".") and (Path(root) / name).resolve() != skip
+            name for name in folders if not name.startswith(".") and _real(Path(root) / name) != skip
         )
         for name in sorted(files):
             if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS | VIDEO_EXTENSIONS:
                 yield Path(root) / name
 
 
+def _real(path: Path) -> Path:
+    """The path with every link followed as far as it goes; never raises, even on a loop of links."""
+    return Path(os.path.realpath(path))
+
+
+def printable(text: str) -> str:
+    """`text` as any terminal can print it: bytes of a file name that are not UTF-8 shown as \\xNN."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` cannot be read as an input file (a sentence), or None when it is a regular file."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "It is a link to a file that does not exist." if os.path.lexists(path) else "No such file."
+    except OSError as error:
+        return file_problem(error, printable(path.name), "an image or video file")
+    if stat.S_ISREG(mode):
+        return None
+    return f"It is {file_kind(mode)}, not an image or video file."
+
+
 def collect_sources(inputs: Sequence[str], out: Path) -> tuple[list[Source], list[tuple[str, str]]]:
-    """The files named or found under the folders named, with their output places; and inputs not found."""
+    """The files named or found under the folders named, with their output places; and the inputs that
+    cannot be read (missing, a FIFO or device, a loop of links), each with its sentence."""
     found: list[tuple[Path, str, Path]] = []  # (file, label, its path under the output folder)
     missing = []
     for text in inputs:
         path = Path(text).expanduser()
         if path.is_dir():
-            found += [(file, str(file), file.relative_to(path)) for file in _walk(path, out.resolve())]
-        elif path.is_file():
-            found.append((path, text, Path(path.name)))
+            walked = [
+                (file, printable(str(file)), file.relative_to(path)) for file in _walk(path, _real(out))
+            ]
         else:
-            missing.append((text, "No such file or folder."))
-    unique = {file.resolve(): (file, label, relative) for file, label, relative in reversed(found)}
+            walked = [(path, printable(text), Path(path.name))]
+        for file, label, relative in walked:
+            problem = _not_a_file(file)
+            if problem is None:
+                found.append((file, label, relative))
+            else:
+                missing.append((label, "No such file or folder." if problem == "No such file." else problem))
+    unique = {_real(file): (file, label, relative) for file, label, relative in reversed(found)}
     found = list(reversed(unique.values()))  # a file named twice (alone and in its folder) runs once
     places = []
     for _, _, relative in found:
@@ -219,6 +253,11 @@ class Run:
     def task(self, task: Task, sources: Sequence[Source]) -> None:
         """Run one task on every source that still needs it; a model or detector failure stops the task."""
         readable = [source for source in sources if source.path not in self.unreadable]
+        for source in readable:  # known up front: the model never runs for outputs that cannot be named
+            if any(too_long(path) for path in self.plan.outputs(task, source)):
+                self.unreadable.add(source.path)
+                self.report.fail(source.label, "Its output file names would be too long for this system.")
+        readable = [source for source in readable if source.path not in self.unreadable]
         todo = [source for source in readable if self.plan.pending(task, source)]
         for source in set(readable) - set(todo):
             outputs = self.plan.outputs(task, source)
@@ -499,12 +538,36 @@ def _checked_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
             parser.error(f"{flag} is an option of {', '.join(owners)}, not of {', '.join(sorted(chosen))}")
     if not args.pictures and not args.exports:
         parser.error("nothing to write: --no-pictures with --exports none")
+    _check_out(parser, args.out)
     if getattr(args, "background_image", None) is not None:
         try:
             args.background_image = load_image(Path(args.background_image))
         except (ImageInputError, OSError) as error:
             parser.error(f"--background-image: {reason(error)}")
     return tasks
+
+
+def _check_out(parser: argparse.ArgumentParser, out: Path) -> None:
+    """The output folder, made now: a file in its place, a name too long or a folder that cannot be written
+    is a usage error before any model runs."""
+    shown = printable(str(out))
+    try:
+        if out.exists() and not out.is_dir():
+            parser.error(f"--out {shown} is a file, not a folder; choose a folder for the results")
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".sapiens2-write-test-{secrets.token_hex(4)}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            parser.error(f"--out: the folder name is too long for this system ({len(str(out))} characters)")
+        parser.error(f"--out {shown}: the folder cannot be written ({error.strerror or error})")
+
+
+def too_long(path: Path) -> bool:
+    """True when the system cannot name `path`: a part above 255 bytes or the whole above 4095."""
+    encoded = [len(os.fsencode(part)) for part in path.parts]
+    return max(encoded, default=0) > NAME_MAX or len(os.fsencode(str(path))) > PATH_MAX
 
 
 def _count(number: int, word: str) -> str:
@@ -530,6 +593,9 @@ def print_summary(report: Report, seconds: float, out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 1 nothing succeeded, 2 usage error)."""
+    for stream in (sys.stdout, sys.stderr):  # file names that are not UTF-8 print as \xNN, never crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     tasks = _checked_arguments(parser, args)

@@ -6,6 +6,7 @@ under its final name only once complete: it is written to a hidden temporary nam
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -17,6 +18,7 @@ import cv2
 import numpy as np
 
 from sapiens2.detector import Detections
+from sapiens2.errors import OutOfSpaceError
 from sapiens2.pose import Person
 from sapiens2.postprocess import alpha_to_uint8
 
@@ -38,10 +40,25 @@ def _atomic_write(path: Path, write: Writer) -> Path:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
+    except OSError as error:
+        full = _disk_full(path.parent)  # numpy's writers raise OSError without an errno on a full disk
+        temporary.unlink(missing_ok=True)
+        if full and error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise OutOfSpaceError(errno.ENOSPC, f"no space left on the disk to write {path.name}") from error
+        raise
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
     return path
+
+
+def _disk_full(folder: Path) -> bool:
+    """True when the file system of `folder` has (almost) no room left for an ordinary user."""
+    try:
+        usage = os.statvfs(folder)
+    except OSError:
+        return False
+    return usage.f_bavail * usage.f_frsize < 1024 * 1024
 
 
 def _target(directory: str | os.PathLike, stem: str, suffix: str) -> Path:

@@ -71,7 +71,7 @@ def from_pretrained(
 
     Defaults: CUDA when available, in bfloat16; else CPU in float32. `progress(fraction, text)` is called
     while files download and while weights load, each stage running its fraction from 0 to 1. On the CPU,
-    weights already stored in the requested dtype stay memory-mapped: do not rewrite the file while in use.
+    weights are copied into memory (never memory-mapped), so the file may change on disk while in use.
     """
     target = resolve_device(device)
     dtype = resolve_dtype(dtype, target)

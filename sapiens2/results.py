@@ -75,7 +75,13 @@ class TaskResult:
         """Write the task's files (JSON, PNG, .npy, .ply) into `directory`, named after `stem`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        return self.exporter(directory, stem)
+        before = set(directory.iterdir())
+        try:
+            return self.exporter(directory, stem)
+        except BaseException:  # every file or none: those written before a failure (a full disk) go
+            for path in set(directory.iterdir()) - before:
+                path.unlink(missing_ok=True)
+            raise
 
 
 class FrameLog(ABC):

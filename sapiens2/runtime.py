@@ -17,6 +17,7 @@ from .detector import Detections, PersonDetector, YoloPersonDetector
 from .device import dtype_name, resolve_device, resolve_dtype
 from .errors import ConfigError
 from .images import LoadedImage, load_image
+from .jobs import check_cancelled
 from .kinds import ModelKind
 from .pipelines.context import PipelineContext
 from .processing import ProcessorSettings
@@ -106,6 +107,7 @@ class Runtime:
         chunks = []
         with torch.inference_mode():
             for start in range(0, len(pixel_values), self.batch_size):
+                check_cancelled()  # a cancelled request stops here, between batches
                 batch = pixel_values[start : start + self.batch_size].to(self.device, self.dtype)
                 chunks.append(model(batch, **kwargs))
         if self.device.type == "cuda":
@@ -159,6 +161,7 @@ class Runtime:
         loaded = image if isinstance(image, LoadedImage) else load_image(image)
         results = []
         for index, name in enumerate(ALL_TASKS):
+            check_cancelled()
             task = TASKS[name]
             count = len(ALL_TASKS)
             step = within(progress, index / count, (index + 1) / count, f"{task.title}: ")

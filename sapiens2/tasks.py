@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .errors import RequestError
 from .kinds import MATTING, NORMAL, POINTMAP, POSE, PRETRAIN, SEG, ModelKind
-from .options import Option
+from .options import Option, shown
 
 if TYPE_CHECKING:
     from .images import LoadedImage
@@ -70,20 +71,25 @@ class Task:
     def repo_id(self, size: str | None) -> str:
         """The checkpoint for `size` (default: the task's default size); unknown sizes are refused."""
         size = size or self.default_size
+        if not isinstance(size, str) or not size.isprintable() or len(size) > 16:
+            raise RequestError(f"Option 'size' must be one of {', '.join(self.repos)}, not {shown(size)}.")
         if size not in self.repos:
-            raise ValueError(f"{self.title} has no {size} model; choose one of {', '.join(self.repos)}.")
+            raise RequestError(f"{self.title} has no {size} model; choose one of {', '.join(self.repos)}.")
         return self.repos[size]
 
-    def size_or_default(self, size: str | None) -> str:
+    def size_or_default(self, size: Any) -> str:
         """`size` when this task has a model of that size, else the task's default size."""
+        if size is not None and not isinstance(size, str):
+            raise RequestError(f"Option 'size' must be a model size such as 0.4b or 1b, not {shown(size)}.")
         return size if size in self.repos else self.default_size
 
     def coerce_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Every option of the task, from `values` where given, else its default; unknown names refused."""
         known = {option.name: option for option in self.options}
-        unknown = sorted(set(values) - set(known))
+        unknown = sorted(map(str, set(values) - set(known)))
         if unknown:
-            raise ValueError(f"{self.title} has no option {', '.join(unknown)}; it takes {', '.join(known)}.")
+            names = ", ".join(shown(name) for name in unknown)
+            raise RequestError(f"{self.title} has no option {names}; it takes {', '.join(known)}.")
         return {name: option.coerce(values.get(name)) for name, option in known.items()}
 
     def run(self, context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
@@ -234,7 +240,6 @@ ALL_TASKS: tuple[str, ...] = tuple(name for name, task in TASKS.items() if task.
 
 def get_task(name: str) -> Task:
     """The registered task called `name`."""
-    try:
+    if isinstance(name, str) and name in TASKS:
         return TASKS[name]
-    except KeyError:
-        raise ValueError(f"Unknown task {name!r}; choose one of {', '.join(TASKS)}.") from None
+    raise RequestError(f"Option 'task' must be one of {', '.join(TASKS)}, not {shown(name)}.")

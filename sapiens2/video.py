@@ -24,8 +24,10 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .errors import Sapiens2Error
 from .images import sanitize_filename
+from .jobs import check_cancelled
+from .limits import Limits
+from .media import VideoError, bare_name, checked_video, open_capture
 from .progress import Progress, within
 from .runtime import Runtime
 from .tasks import Task, get_task
@@ -41,10 +43,6 @@ _HARMLESS_WRITER_NOTES = (b"is not supported with codec id",)
 _stderr_lock = threading.Lock()
 
 _END = object()
-
-
-class VideoError(Sapiens2Error, ValueError):
-    """A video cannot be read or written; the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +85,7 @@ class VideoJob:
     video_format: str = "webm"
     write_video: bool = True
     write_log: bool = True
+    limits: Limits | None = None  # the app's: frames above its frame size are refused (None: any size)
 
     def __post_init__(self) -> None:
         for name in ("stride", "max_frames", "batch_size"):
@@ -128,13 +127,9 @@ class VideoResult:
 
 
 def _open(path: str | os.PathLike) -> cv2.VideoCapture:
-    if not Path(path).is_file():
-        raise VideoError(f"{path}: no such video file")
-    capture = cv2.VideoCapture(os.fspath(path))
-    if not capture.isOpened():
-        capture.release()
-        raise VideoError(f"{Path(path).name} cannot be opened as a video (damaged, or a codec OpenCV lacks)")
-    return capture
+    """A capture of `path`, once its own bytes say it is a video we decode (see sapiens2.media)."""
+    with checked_video(path) as name:
+        return open_capture(name, bare_name(path))
 
 
 def _info(capture: cv2.VideoCapture) -> VideoInfo:
@@ -188,8 +183,11 @@ class FrameReader:
         max_frames: int | None = None,
         source_limit: int | None = None,
         queue_size: int = 16,
+        limits: Limits | None = None,
     ):
         self._capture = capture
+        self._limits = limits
+        self.cut_short = False  # True when a limit, not the end of the video, stopped the reading
         self._stride = stride
         self._max_frames = max_frames
         self._source_limit = source_limit
@@ -227,8 +225,10 @@ class FrameReader:
     def _wanted(self, index: int, taken: int) -> bool | None:
         """True to decode frame `index`, False to skip it, None when the run has all its frames."""
         if self._source_limit is not None and index >= self._source_limit:
+            self.cut_short = True
             return None
         if self._max_frames is not None and taken >= self._max_frames:
+            self.cut_short = True
             return None
         return index % self._stride == 0
 
@@ -243,6 +243,8 @@ class FrameReader:
                     ok, bgr = self._capture.read()
                     if not ok:
                         break
+                    if self._limits is not None:  # the container's header may have lied about the size
+                        self._limits.check_frame(bgr.shape[1], bgr.shape[0])
                     if not self._put((index, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))):
                         return
                     taken += 1
@@ -339,19 +341,21 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
     batch_size = job.batch_size or runtime.batch_size
     stem = job.output_stem
     target = video_outputs(task, job.out_dir, stem, video_format=job.video_format)[0]
-    runtime.model(
-        job.model or task.repo_id(job.size)
-    )  # load before the clock starts, and fail before decoding
+    # Load the model before the clock starts, and fail before decoding.
+    runtime.model(job.model or task.repo_id(job.size), progress)
     log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
     capture = _open(job.path)
     try:
         info = _info(capture)
+        if job.limits is not None:
+            job.limits.check_frame(info.width, info.height)
         reader = FrameReader(
             capture,
             stride=job.stride,
             max_frames=job.max_frames,
             source_limit=source_frame_limit(info, job.max_seconds),
             queue_size=2 * batch_size,
+            limits=job.limits,
         )
         sink = VideoFileWriter(target, info.fps / job.stride) if job.write_video else None
         total = planned_frames(
@@ -363,6 +367,7 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
             if progress is not None:
                 progress(0.0, f"0 of {total or '?'} frames: decoding")
             for batch in _batches(reader, batch_size):
+                check_cancelled()
                 done = f"{frames} of {total or '?'} frames: "
                 step = within(progress, *_span(frames, len(batch), total), done)
                 images = [rgb for _, rgb in batch]
@@ -380,7 +385,7 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
                 if progress is not None:
                     progress(_span(frames, 0, total)[0], f"{frames} of {total or '?'} frames")
             if frames == 0:
-                raise VideoError(f"{Path(job.path).name}: no frame could be decoded")
+                raise VideoError(f"'{bare_name(job.path)}': no frame of this video could be decoded.")
         seconds = time.perf_counter() - start
     finally:
         capture.release()
@@ -391,7 +396,7 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
         fps=info.fps / job.stride,
         seconds=seconds,
         persons=persons,
-        notes=_notes(info, job.max_seconds),
+        notes=_notes(info, job.max_seconds, frames if reader.cut_short else None),
     )
 
 
@@ -413,8 +418,11 @@ def _batches(reader: FrameReader, size: int) -> Iterator[list[tuple[int, np.ndar
         yield batch
 
 
-def _notes(info: VideoInfo, max_seconds: float | None) -> list[str]:
+def _notes(info: VideoInfo, max_seconds: float | None, cut_at: int | None) -> list[str]:
+    """What was left out: `cut_at` is the frames run when a limit (not the video's end) stopped them."""
     duration = info.duration
-    if max_seconds is None or duration is None or duration <= max_seconds:
-        return []
-    return [f"Only the first {max_seconds:g} s of this {duration:.1f} s video were processed."]
+    if max_seconds is not None and duration is not None and duration > max_seconds:
+        return [f"Only the first {max_seconds:g} s of this {duration:.1f} s video were processed."]
+    if cut_at is not None:
+        return [f"Only the first {cut_at} frames of this video were processed (the limit per video)."]
+    return []

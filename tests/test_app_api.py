@@ -188,7 +188,8 @@ def test_offline_with_nothing_cached_names_the_repo_and_the_folder_then_serves_a
         with pytest.raises(AppError) as caught:
             client.predict(photo, size="1b", api_name="/pose")
     message = str(caught.value)
-    assert repo in message and "SAPIENS2_CHECKPOINT_DIR" in message
+    assert message.startswith(f"The model {repo} is not available on this server.")
+    assert "SAPIENS2_CHECKPOINT_DIR" not in message and str(tmp_path) not in message
     assert "Traceback" not in message
     assert repo not in server.runtime.cache
     outputs = client.predict(photo, size="1b", api_name="/pose")

@@ -108,8 +108,8 @@ def test_every_registry_option_has_a_flag():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["pose", "x", "--out", "o", "--threshold", "2"], "between 0.0 and 1.0"),
-        (["segment", "x", "--out", "o", "--background-color", "mauve-ish"], "not understood"),
+        (["pose", "x", "--out", "o", "--threshold", "2"], "between 0 and 1"),
+        (["segment", "x", "--out", "o", "--background-color", "mauve-ish"], "must be a colour"),
         (["pose", "x", "--out", "o", "--opacity", "0.5"], "--opacity is an option of segment, not of pose"),
         (["all", "x", "--out", "o", "--model", "some/where"], "choose one task"),
         (["matting", "x", "--out", "o", "--size", "0.4b"], "no 0.4b model exists for matting"),
