@@ -188,14 +188,19 @@ def _env_repo_dir(repo_id: str) -> Path | None:
     return directory if directory.is_dir() else None
 
 
-def _fill_hint(repo_id: str) -> str:
-    """What to do to run without the Hub, in plain words (no brackets, paths or markup)."""
-    looked = " It is not in the checkpoint folder either." if os.environ.get(CHECKPOINT_DIR_ENV) else ""
+def offline_instructions(repo_id: str) -> str:
+    """How to run `repo_id` without the Hub, in plain words: no brackets, server paths or markup, so that a
+    web page shows it as written and it tells nothing about the server."""
     return (
-        f"{looked} To run without the Hub, download it on a machine with internet access (hf download "
-        f"{repo_id} --local-dir checkpoints/{repo_id}), copy the checkpoints folder here and start with "
+        f"To run without the Hub, download it on a machine with internet access (hf download {repo_id} "
+        f"--local-dir checkpoints/{repo_id}), copy the checkpoints folder here and start with "
         f"--checkpoint-dir checkpoints (or {CHECKPOINT_DIR_ENV}=checkpoints) and HF_HUB_OFFLINE=1."
-    ).lstrip()
+    )
+
+
+def _fill_hint(repo_id: str) -> str:
+    looked = "It is not in the checkpoint folder either. " if os.environ.get(CHECKPOINT_DIR_ENV) else ""
+    return looked + offline_instructions(repo_id)
 
 
 def _resolve_directory(directory: Path, repo_id: str | None = None) -> ResolvedCheckpoint:

@@ -17,6 +17,7 @@ from .errors import (
     RequestError,
     Sapiens2Error,
 )
+from .hub import offline_instructions
 from .images import ImageInputError
 
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
@@ -74,6 +75,11 @@ def _public(error: BaseException) -> str:
     found = _OFFICIAL_REPO.search(str(error))
     model = f"The model {found.group(0)}" if found else "The model"
     if isinstance(error, CheckpointNotFoundError):
+        if found:  # what to do names no folder or setting of this server: it helps whoever runs it
+            return (
+                f"{model} is not on this server, and the server cannot download it. Whoever runs the server "
+                f"can add it. {offline_instructions(found.group(0))}"
+            )
         return f"{model} is not available on this server. {_ASK_OPERATOR}"
     if isinstance(error, CheckpointDownloadError):
         return f"{model} could not be downloaded just now. Please try again in a moment."

@@ -188,8 +188,9 @@ def test_offline_with_nothing_cached_names_the_repo_and_the_folder_then_serves_a
         with pytest.raises(AppError) as caught:
             client.predict(photo, size="1b", api_name="/pose")
     message = str(caught.value)
-    assert message.startswith(f"The model {repo} is not available on this server.")
-    assert "SAPIENS2_CHECKPOINT_DIR" not in message and str(tmp_path) not in message
+    assert message.startswith(f"The model {repo} is not on this server, and the server cannot download it.")
+    assert f"hf download {repo} --local-dir checkpoints/{repo}" in message, "what whoever runs it can do"
+    assert str(tmp_path) not in message and "empty" not in message, "nothing about this server's folders"
     assert "Traceback" not in message
     assert repo not in server.runtime.cache
     outputs = client.predict(photo, size="1b", api_name="/pose")

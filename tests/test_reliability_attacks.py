@@ -248,7 +248,7 @@ def test_a_normal_photo_stays_within_the_memory_budget_in_every_tab(server, clie
         image.convert("RGB").resize((4000, 3000)).save(path, quality=90)
     client.predict(handle_file(str(GOOD_PHOTO)), api_name="/all")  # every model loaded first
     with PeakMemory() as memory:
-        picture, summary, _, files = client.predict(handle_file(str(path)), api_name="/all")
+        *pictures, summary, _, files = client.predict(handle_file(str(path)), api_name="/all")
     report("/all with a 12-megapixel photo", memory)
     assert memory.growth < REQUEST_BUDGET
     assert len(files) == 9
@@ -425,9 +425,11 @@ def test_checkpoint_problems_never_show_server_paths_on_the_web(server, client, 
         (broken / repo / "config.json").unlink()
         missing = refused(client, handle_file(str(GOOD_PHOTO)), "/segment")
     for text in (message, missing):
-        assert str(broken) not in text and "SAPIENS2_CHECKPOINT_DIR" not in text and "config.json" not in text
+        assert str(broken) not in text and "config.json" not in text
         assert not any(folder in text for folder in SERVER_FOLDERS)
-        assert "The details were logged on the server" in text
+    assert "The details were logged on the server" in message
+    # What whoever runs the server can do names no folder or setting of this server, only the generic steps.
+    assert f"hf download {repo} --local-dir checkpoints/{repo}" in missing
     still_serving(client)
 
 
