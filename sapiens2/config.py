@@ -51,6 +51,11 @@ def _branch(
     return channels, sizes
 
 
+# Padding and output padding of a stride-2 transposed conv for each kernel size the official deconv heads
+# accept: each gives exactly twice the input size.
+DECONV_PADDING: dict[int, tuple[int, int]] = {2: (0, 0), 3: (1, 1), 4: (1, 0)}
+
+
 @dataclass
 class HeadConfig:
     """Decode-head layout: upsampling blocks, refinement convs and the optional pointmap scale branch."""
@@ -92,6 +97,12 @@ class HeadConfig:
         pixel_shuffle = d.get("use_pixel_shuffle")
         if pixel_shuffle is not None and not isinstance(pixel_shuffle, bool):
             raise ConfigError(f"{prefix}use_pixel_shuffle: expected a bool or null, got {pixel_shuffle!r}")
+        unsupported = [k for k in up_kernels or [] if k not in DECONV_PADDING]
+        if not pixel_shuffle and unsupported:
+            raise ConfigError(
+                f"{prefix}upsample_kernel_sizes: {up_kernels!r}; a transposed-conv head doubles the size "
+                f"with kernels of {', '.join(map(str, DECONV_PADDING))} only, as the official heads do"
+            )
         return cls(
             upsample_out_channels=up,
             upsample_kernel_sizes=up_kernels,
