@@ -65,7 +65,7 @@ def test_registry_declares_each_task_once_with_its_sizes():
     assert list(TASKS) == ["pose", "segment", "normals", "depth", "matting", "features"]
     assert ALL_TASKS == ("pose", "segment", "normals", "depth", "matting")
     assert list(get_task("matting").repos) == ["1b"]
-    assert list(get_task("features").repos) == ["0.1b", "0.4b", "0.8b", "1b", "5b"]
+    assert list(get_task("features").repos) == ["0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"]
     assert get_task("pose").repo_id("1b") == "facebook/sapiens2-pose-1b"
     with pytest.raises(ValueError, match="no 0.1b model"):
         get_task("pose").repo_id("0.1b")
