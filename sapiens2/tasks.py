@@ -173,7 +173,7 @@ def _build_registry() -> dict[str, Task]:
             "Per-pixel 3D points (pointmap), shown as depth and as a point cloud.",
             POINTMAP,
             "0.4b",
-            (background,),
+            (background, *depth.OPTIONS),
             ("Depth",),
             ("_depth.npy", "_points.ply"),
             depth.run,

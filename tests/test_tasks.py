@@ -9,8 +9,9 @@ from PIL import Image
 
 from sapiens2.detector import YoloPersonDetector
 from sapiens2.images import load_image
-from sapiens2.kinds import SEG
+from sapiens2.kinds import POINTMAP, SEG
 from sapiens2.metadata import body_parts
+from sapiens2.postprocess import pointmap_to_image, to_hwc
 from sapiens2.processing import preprocess
 from sapiens2.runtime import Runtime
 from sapiens2.tasks import ALL_TASKS, TASKS, get_task
@@ -110,6 +111,36 @@ def test_flip_test_changes_keypoints_but_not_their_count(runtime, photo):
     flipped = runtime.run("pose", photo, flip_test=True).prediction.persons
     assert len(plain) == len(flipped)
     assert not np.allclose(plain[0].keypoints, flipped[0].keypoints)
+
+
+def test_depth_is_smoothed_by_default_in_pictures_and_exports(runtime, tmp_path):
+    """On a photo larger than the model input the depth is smoothed before being enlarged, as the official
+    demo does; `smooth=False` gives the plain resize. The .npy and .ply exports follow the option."""
+    photo = load_image(np.asarray(Image.open(PHOTOS[1]).convert("RGB").resize((1200, 1600))))
+    repo_id = get_task("depth").repo_id(None)
+    settings = runtime.settings(repo_id, POINTMAP)
+    outputs = runtime.forward(runtime.model(repo_id), preprocess([photo.model_rgb], settings))
+    expected = {
+        smooth: to_hwc(
+            pointmap_to_image(
+                outputs.pointmaps,
+                outputs.scales,
+                photo.model_size,
+                settings,
+                photo.original_size,
+                smooth,
+            )[0]
+        )
+        for smooth in (True, False)
+    }
+    for smooth in (True, False):
+        result = runtime.run("depth", photo, remove_background=False, smooth=smooth)
+        np.testing.assert_allclose(result.prediction, expected[smooth], rtol=1e-5, atol=1e-5)
+        depth_npy, ply = result.export(tmp_path / str(smooth), "photo")
+        np.testing.assert_array_equal(np.load(depth_npy), result.prediction[..., 2])
+        vertices, _ = read_ply(ply)
+        np.testing.assert_array_equal(vertices["z"], result.prediction[..., 2].ravel())
+    assert np.abs(expected[True] - expected[False]).max() > 1e-3
 
 
 def test_segmentation_export_matches_prediction(runtime, photo, tmp_path):
