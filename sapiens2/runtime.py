@@ -18,6 +18,7 @@ from .device import dtype_name, resolve_device, resolve_dtype
 from .errors import ConfigError
 from .images import LoadedImage, load_image
 from .kinds import ModelKind
+from .options import Option
 from .pipelines.context import PipelineContext
 from .processing import ProcessorSettings
 from .results import TaskResult
@@ -104,6 +105,10 @@ class Runtime:
 
     # ---- what the app and the command line call ------------------------------------------------------
 
+    def options(self, task: str) -> tuple[Option, ...]:
+        """The options of `task` with their defaults for this runtime's device."""
+        return get_task(task).options_on(self.device)
+
     def run(
         self,
         task: str,
@@ -134,7 +139,7 @@ class Runtime:
         entry = get_task(task)
         loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
         context = PipelineContext(
-            self, entry, model or entry.repo_id(size), entry.coerce_options(options), progress
+            self, entry, model or entry.repo_id(size), entry.coerce_options(options, self.device), progress
         )
         results = entry.run(context, loaded)
         for image, result in zip(loaded, results, strict=True):

@@ -62,9 +62,14 @@ class Task:
         """`size` when this task has a model of that size, else the task's default size."""
         return size if size in self.repos else self.default_size
 
-    def coerce_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Every option of the task, from `values` where given, else its default; unknown names refused."""
-        known = {option.name: option for option in self.options}
+    def options_on(self, device: torch.device | str) -> tuple[Option, ...]:
+        """The task's options with the defaults that depend on the device settled for `device`."""
+        return tuple(option.on_device(device) for option in self.options)
+
+    def coerce_options(self, values: Mapping[str, Any], device: torch.device | str = "cpu") -> dict[str, Any]:
+        """Every option of the task, from `values` where given, else its default for models running on
+        `device` (the CPU unless given); unknown names refused."""
+        known = {option.name: option for option in self.options_on(device)}
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"{self.title} has no option {', '.join(unknown)}; it takes {', '.join(known)}.")

@@ -113,6 +113,19 @@ def test_flip_test_changes_keypoints_but_not_their_count(runtime, photo):
     assert not np.allclose(plain[0].keypoints, flipped[0].keypoints)
 
 
+def test_flip_test_is_on_by_default_with_a_gpu_and_off_on_the_cpu(runtime):
+    pose = get_task("pose")
+    (flip,) = [option for option in pose.options if option.name == "flip_test"]
+    assert "GPU" in flip.help and "CPU" in flip.help
+    assert flip.default_text == "on with a GPU, off on the CPU"
+    assert pose.coerce_options({}, "cuda:0")["flip_test"] is True
+    assert pose.coerce_options({}, "cpu")["flip_test"] is False
+    assert pose.coerce_options({"flip_test": True}, "cpu")["flip_test"] is True
+    assert {o.name: o.default for o in runtime.options("pose")}["flip_test"] is False
+    with pytest.raises(TypeError, match="on_device"):
+        flip.coerce(None)
+
+
 def test_depth_is_smoothed_by_default_in_pictures_and_exports(runtime, tmp_path):
     """On a photo larger than the model input the depth is smoothed before being enlarged, as the official
     demo does; `smooth=False` gives the plain resize. The .npy and .ply exports follow the option."""
