@@ -74,11 +74,14 @@ class Runtime:
         return self.cache.get(repo_id, progress=progress)
 
     def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
-        """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults."""
+        """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults at
+        the image size of the checkpoint's config (4096x3072 for the 4K backbone, else 1024x768)."""
         if repo_id not in self._settings:
             directory = hub.processor_config_dir(repo_id)
             if directory is None:
-                self._settings[repo_id] = ProcessorSettings.for_kind(kind)
+                height, width = self.model(repo_id).config.image_size
+                defaults = ProcessorSettings.for_kind(kind)
+                self._settings[repo_id] = dataclasses.replace(defaults, height=height, width=width)
             else:
                 self._settings[repo_id] = ProcessorSettings.from_pretrained_dir(directory, kind)
         return self._settings[repo_id]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tiny_models import write_tiny_4k_checkpoint
 
 from sapiens2.detector import YoloPersonDetector
 from sapiens2.images import load_image
@@ -67,6 +68,7 @@ def test_registry_declares_each_task_once_with_its_sizes():
     assert ALL_TASKS == ("pose", "segment", "normals", "depth", "matting")
     assert list(get_task("matting").repos) == ["1b"]
     assert list(get_task("features").repos) == ["0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"]
+    assert get_task("features").repo_id("1b-4k") == "facebook/sapiens2-pretrain-1b-4k"
     assert get_task("pose").repo_id("1b") == "facebook/sapiens2-pose-1b"
     with pytest.raises(ValueError, match="no 0.1b model"):
         get_task("pose").repo_id("0.1b")
@@ -154,6 +156,18 @@ def test_depth_is_smoothed_by_default_in_pictures_and_exports(runtime, tmp_path)
         vertices, _ = read_ply(ply)
         np.testing.assert_array_equal(vertices["z"], result.prediction[..., 2].ravel())
     assert np.abs(expected[True] - expected[False]).max() > 1e-3
+
+
+def test_features_run_the_4k_backbone_at_its_own_resolution(tmp_path, monkeypatch, photo):
+    """The 4K entry of the Features task: a tiny 4K backbone whose config says 256x192 (4096x3072 for the
+    real one) and that has no preprocessor_config.json runs at that size, on its 4x3 grid of window tokens."""
+    write_tiny_4k_checkpoint(tmp_path / "facebook/sapiens2-pretrain-1b-4k", image_size=(256, 192))
+    monkeypatch.setenv("SAPIENS2_CHECKPOINT_DIR", str(tmp_path))
+    result = Runtime(device="cpu").run("features", photo, size="1b-4k")
+    cls, patches = result.prediction
+    assert cls.shape == (32,) and patches.shape == (32, 4, 3)
+    assert result.pictures[0][1].shape == (*photo.original_size, 3)
+    assert "4x3 patch grid" in result.summary
 
 
 def test_segmentation_export_matches_prediction(runtime, photo, tmp_path):
