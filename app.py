@@ -153,9 +153,10 @@ def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceS
             size = gr.Dropdown(list(task.repos), value=task.default_size, label="Model size")
             note = gr.Markdown(_download_note(runtime, task.name, task.default_size))
             controls = {}
-            if task.options:
+            options = runtime.options(task.name)
+            if options:
                 with gr.Accordion("Options", open=True):
-                    controls = {option.name: _control(option) for option in task.options}
+                    controls = {option.name: _control(option) for option in options}
             button = gr.Button(f"Run {task.title.lower()}", variant="primary", elem_id=f"{task.name}-run")
             gr.Examples(EXAMPLES, inputs=[image], label="Example photos", cache_examples=False)
         with gr.Column(scale=3):
@@ -425,7 +426,8 @@ def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callab
     Its signature names every parameter after the task's options, each with its default, so API clients
     can call `predict(handle_file(photo), api_name="/<task>")` and set any option by name.
     """
-    names = [option.name for option in task.options]
+    task_options = runtime.options(task.name)
+    names = [option.name for option in task_options]
 
     def handler(image: Any, size: str | None, *values: Any) -> list:
         *values, progress = values
@@ -450,7 +452,7 @@ def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callab
         [
             parameter("image", parameter.POSITIONAL_OR_KEYWORD),
             parameter("size", parameter.POSITIONAL_OR_KEYWORD, default=task.default_size),
-            *(parameter(o.name, parameter.POSITIONAL_OR_KEYWORD, default=o.default) for o in task.options),
+            *(parameter(o.name, parameter.POSITIONAL_OR_KEYWORD, default=o.default) for o in task_options),
             parameter("progress", parameter.POSITIONAL_OR_KEYWORD, default=PROGRESS),
         ]
     )

@@ -401,14 +401,17 @@ def _checked(option: Option):
 def _add_task_option(group: argparse._ArgumentGroup, option: Option, tasks: list[str]) -> None:
     """One flag for a registry option: --name/--no-name for checkboxes, a checked value for the others."""
     where = f"[{', '.join(tasks)}]"
+    default = option.default_text
     if option.kind == "checkbox":
-        state = "on" if option.default else "off"
-        kind = {"action": argparse.BooleanOptionalAction, "help": f"{option.label} (default {state}) {where}"}
+        kind = {
+            "action": argparse.BooleanOptionalAction,
+            "help": f"{option.label} (default {default}) {where}",
+        }
     elif option.kind == "slider":
-        span = f"{option.minimum:g} to {option.maximum:g}, default {option.default:g}"
+        span = f"{option.minimum:g} to {option.maximum:g}, default {default}"
         kind = {"type": _checked(option), "metavar": "X", "help": f"{option.label}: {span} {where}"}
     elif option.kind == "color":
-        text = f"{option.label}: #rrggbb or 'rgb(r, g, b)', default {option.default} {where}"
+        text = f"{option.label}: #rrggbb or 'rgb(r, g, b)', default {default} {where}"
         kind = {"type": _checked(option), "metavar": "COLOUR", "help": text}
     else:
         kind = {"metavar": "IMAGE", "help": f"{option.label} {where}"}

@@ -101,8 +101,9 @@ def resolve_checkpoint(
     """Find (downloading if needed) the files of `source`.
 
     A repo id is looked up first in $SAPIENS2_CHECKPOINT_DIR/<repo id>/, then in the Hugging Face cache or on
-    the Hub (HF_HUB_OFFLINE, HF_TOKEN and `revision` honoured); otherwise `source` is a directory holding
-    config.json and model.safetensors (or a sharded index), or an original sapiens2_<size>_<task>.safetensors.
+    the Hub (HF_HUB_OFFLINE, HF_TOKEN and `revision` honoured), where an official repo without config.json
+    is read from its original file; otherwise `source` is a directory holding config.json and
+    model.safetensors (or a sharded index), or an original sapiens2_<size>_<task>.safetensors.
     """
     text = os.fspath(source)
     local = _env_repo_dir(text)
@@ -151,7 +152,10 @@ def checkpoint_download_size(repo_id: str, revision: str | None = None) -> int |
     except (HfHubHTTPError, httpx.HTTPError, OSError, ValueError):
         return None
     sizes = {sibling.rfilename: sibling.size or 0 for sibling in info.siblings or []}
-    if WEIGHTS_NAME in sizes:
+    original = presets.original_file_name(repo_id)
+    if CONFIG_NAME not in sizes and original in sizes:
+        wanted = [original]
+    elif WEIGHTS_NAME in sizes:
         wanted = [CONFIG_NAME, WEIGHTS_NAME]
     else:
         wanted = [CONFIG_NAME, INDEX_NAME, *(name for name in sizes if _SHARD.fullmatch(name))]
@@ -206,6 +210,9 @@ def _fill_hint(repo_id: str) -> str:
 def _resolve_directory(directory: Path, repo_id: str | None = None) -> ResolvedCheckpoint:
     config = directory / CONFIG_NAME
     if not config.is_file():
+        original = presets.original_file_name(repo_id) if repo_id else None
+        if original and (directory / original).is_file():
+            return ResolvedCheckpoint(None, (directory / original,), repo_id)
         raise CheckpointNotFoundError(f"{directory}: no {CONFIG_NAME}")
     if (directory / WEIGHTS_NAME).is_file():
         return ResolvedCheckpoint(config, (directory / WEIGHTS_NAME,), repo_id)
@@ -228,7 +235,18 @@ def _shard_names(index: Path) -> list[str]:
 
 
 def _resolve_hub(repo_id: str, revision: str | None, progress: Progress | None) -> ResolvedCheckpoint:
-    config = _fetch(repo_id, CONFIG_NAME, revision, progress)
+    """config.json and model.safetensors (or its shards); for an official repo without config.json, its
+    original file (sapiens2_<size>_<task>.safetensors), configured by the built-in preset."""
+    try:
+        config = _fetch(repo_id, CONFIG_NAME, revision, progress)
+    except CheckpointNotFoundError as no_config:
+        original = presets.original_file_name(repo_id)
+        if original is None:
+            raise
+        try:
+            return ResolvedCheckpoint(None, (_fetch(repo_id, original, revision, progress),), repo_id)
+        except CheckpointNotFoundError:
+            raise no_config from None
     try:
         return ResolvedCheckpoint(config, (_fetch(repo_id, WEIGHTS_NAME, revision, progress),), repo_id)
     except CheckpointNotFoundError as single_file_error:
@@ -321,9 +339,11 @@ def _cached_file(repo_id: str, filename: str, revision: str | None) -> Path | No
 
 
 def _is_cached(repo_id: str, revision: str | None) -> bool:
-    """Whether the config and every weight file of `repo_id` are in the Hugging Face cache."""
+    """Whether the config and every weight file of `repo_id` (or its original file) are in the Hugging Face
+    cache."""
     if _cached_file(repo_id, CONFIG_NAME, revision) is None:
-        return False
+        original = presets.original_file_name(repo_id)
+        return original is not None and _cached_file(repo_id, original, revision) is not None
     if _cached_file(repo_id, WEIGHTS_NAME, revision) is not None:
         return True
     index = _cached_file(repo_id, INDEX_NAME, revision)

@@ -132,7 +132,11 @@ def stacked_projection(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with grouped key/value heads, QK RMSNorm and 2D RoPE on patch tokens."""
+    """Multi-head self-attention with grouped key/value heads, QK RMSNorm and 2D RoPE on patch tokens.
+
+    Without `layer_scale` the output is not scaled (no `gamma`); called without RoPE tables, no position
+    is encoded (the 4K tokenizer's blocks).
+    """
 
     def __init__(
         self,
@@ -146,6 +150,7 @@ class Attention(nn.Module):
         key_bias: bool = True,
         value_bias: bool = True,
         proj_bias: bool = True,
+        layer_scale: bool = True,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -158,9 +163,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.proj = Linear(dim, dim, bias=proj_bias)
-        self.gamma = LayerScale(dim)
+        self.gamma = LayerScale(dim) if layer_scale else nn.Identity()
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
         batch, tokens, dim = x.shape
         heads, kv_heads = self.num_heads, self.num_kv_heads
         # q, k and v come from one GEMM, and q and k share their norm and RoPE ops: fewer, larger kernels.
@@ -170,7 +175,9 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             scales = (self.q_norm.weight.expand(heads, -1), self.k_norm.weight.expand(kv_heads, -1))
             qk = rms_normalize(qk, self.q_norm.eps).mul_(torch.cat(scales))
-        q, k = apply_rope(qk, *rope).split((heads, kv_heads), dim=2)
+        if rope is not None:
+            qk = apply_rope(qk, *rope)
+        q, k = qk.split((heads, kv_heads), dim=2)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=kv_heads != heads
         )
@@ -201,6 +208,6 @@ class Block(nn.Module):
         self.ln2 = RMSNorm(dim, eps)
         self.ffn = ffn
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
         x = x + self.attn(self.ln1(x), rope)
         return x + self.ffn(self.ln2(x))

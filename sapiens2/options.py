@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+import torch
 
 from .errors import RequestError
 
 OptionKind = Literal["slider", "checkbox", "color", "image"]
+
+
+@dataclass(frozen=True)
+class ByDevice:
+    """A default that depends on where the models run: `gpu` on a GPU (CUDA or MPS), `cpu` on the CPU."""
+
+    gpu: Any
+    cpu: Any
+
+    def pick(self, device: torch.device | str) -> Any:
+        """The value for `device`."""
+        return self.cpu if torch.device(device).type == "cpu" else self.gpu
 
 
 @dataclass(frozen=True)
@@ -25,14 +39,37 @@ class Option:
     step: float | None = None
     help: str = ""
 
+    def on_device(self, device: torch.device | str) -> Option:
+        """This option with its default settled for models running on `device` (see ByDevice)."""
+        if isinstance(self.default, ByDevice):
+            return replace(self, default=self.default.pick(device))
+        return self
+
+    @property
+    def default_text(self) -> str:
+        """The default as the command line's help states it: "on", "0.3", "on with a GPU, off on the CPU"."""
+        if isinstance(self.default, ByDevice):
+            on_gpu, on_cpu = (
+                replace(self, default=v).default_text for v in (self.default.gpu, self.default.cpu)
+            )
+            return f"{on_gpu} with a GPU, {on_cpu} on the CPU"
+        if self.kind == "checkbox":
+            return "on" if self.default else "off"
+        return f"{self.default:g}" if self.kind == "slider" else str(self.default)
+
     def coerce(self, value: Any) -> Any:
-        """`value` checked by type and range and converted to this option's type; None means the default.
+        """`value` checked by type and range and converted to this option's type; None means the default
+        (which must be settled by `on_device` first when it is a ByDevice).
 
         The one place where option values from the page, the API, the command line or Python are checked:
         anything else (a list, NaN, a huge number, a string that is not a number) is a RequestError naming
         the option and its allowed values, never a Python error.
         """
         if value is None:
+            if isinstance(self.default, ByDevice):
+                raise TypeError(
+                    f"option {self.name!r}: its default depends on the device; call on_device first"
+                )
             if self.default is None:
                 return None
             value = self.default

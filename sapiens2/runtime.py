@@ -19,6 +19,7 @@ from .errors import ConfigError
 from .images import LoadedImage, load_image
 from .jobs import check_cancelled
 from .kinds import ModelKind
+from .options import Option
 from .pipelines.context import PipelineContext
 from .processing import ProcessorSettings
 from .progress import Progress, within
@@ -75,7 +76,8 @@ class Runtime:
 
     def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
         """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults at
-        the image size of the model's config; refused when the model cannot take inputs of that size."""
+        the image size of the model's config (4096x3072 for the 4K backbone, else 1024x768); refused when the
+        model cannot take inputs of that size."""
         if repo_id not in self._settings:
             config = self.model(repo_id).config
             directory = hub.processor_config_dir(repo_id)
@@ -116,6 +118,10 @@ class Runtime:
 
     # ---- what the app and the command line call ------------------------------------------------------
 
+    def options(self, task: str) -> tuple[Option, ...]:
+        """The options of `task` with their defaults for this runtime's device."""
+        return get_task(task).options_on(self.device)
+
     def run(
         self,
         task: str,
@@ -146,7 +152,7 @@ class Runtime:
         entry = get_task(task)
         loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
         context = PipelineContext(
-            self, entry, model or entry.repo_id(size), entry.coerce_options(options), progress
+            self, entry, model or entry.repo_id(size), entry.coerce_options(options, self.device), progress
         )
         results = entry.run(context, loaded)
         for image, result in zip(loaded, results, strict=True):

@@ -337,7 +337,7 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
     `progress(fraction, text)` follows each batch.
     """
     task = get_task(job.task)
-    options = task.coerce_options(job.options)
+    options = task.coerce_options(job.options, runtime.device)
     batch_size = job.batch_size or runtime.batch_size
     stem = job.output_stem
     target = video_outputs(task, job.out_dir, stem, video_format=job.video_format)[0]

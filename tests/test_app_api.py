@@ -135,6 +135,17 @@ def test_endpoints_have_stable_names_and_only_the_image_is_required(client):
     assert pose == ["image", "size", *(option.name for option in TASKS["pose"].options)]
 
 
+def test_option_defaults_are_settled_for_the_servers_device(client):
+    """The test server runs on the CPU: the flip test starts off there (on with a GPU); depth is smoothed."""
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+
+    def defaults(endpoint: str) -> dict:
+        return {p["parameter_name"]: p.get("parameter_default") for p in endpoints[endpoint]["parameters"]}
+
+    assert defaults("/pose")["flip_test"] is False
+    assert defaults("/depth")["smooth"] is True
+
+
 def test_options_are_taken_by_name(client):
     photo = handle_file(str(PHOTOS[1]))
     outputs = client.predict(photo, background_color="#ff0000", api_name="/matting")

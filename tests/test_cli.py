@@ -105,6 +105,13 @@ def test_every_registry_option_has_a_flag():
     assert args.background_color == (1, 2, 3) and args.exports == {"json", "npy"}
 
 
+def test_device_dependent_default_is_stated_in_the_help():
+    (flip,) = [action for action in build_parser()._actions if action.dest == "flip_test"]
+    assert "(default on with a GPU, off on the CPU)" in flip.help
+    (smooth,) = [action for action in build_parser()._actions if action.dest == "smooth"]
+    assert "(default on) [depth]" in smooth.help
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

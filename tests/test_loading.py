@@ -24,7 +24,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import httpx
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from tiny_models import tiny_config, write_tiny_checkpoint
+from tiny_models import tiny_4k_config, tiny_config, write_tiny_4k_checkpoint, write_tiny_checkpoint
 
 import sapiens2
 from sapiens2 import hub, hub_access, presets
@@ -119,11 +119,82 @@ def test_bare_original_file_uses_the_preset_named_by_the_file(pose_dir, tmp_path
     assert model.config.flip_pairs and model.config.num_labels == 308
 
 
+REPO_4K = "facebook/sapiens2-pretrain-1b-4k"
+ORIGINAL_4K = "sapiens2_1b_4k_pretrain.safetensors"
+
+
+@pytest.fixture
+def tiny_4k_preset(monkeypatch):
+    """The built-in 1b-4k preset replaced by a tiny one (same layout, tiny widths)."""
+    real, tiny = presets.preset_config, tiny_4k_config()
+    monkeypatch.setattr(
+        presets, "preset_config", lambda size, task: tiny if size == "1b-4k" else real(size, task)
+    )
+
+
+def test_4k_config_loads_and_its_preset_is_named_by_the_original_file(tmp_path, tiny_4k_preset):
+    directory = write_tiny_4k_checkpoint(tmp_path / "dir")
+    model = sapiens2.from_pretrained(directory, device="cpu")
+    assert model.config.use_tokenizer and len(model.tokenizer.blocks) == 2
+    assert_loaded_from(model, load_file(directory / hub.WEIGHTS_NAME), torch.float32)
+    bare = shutil.copy(directory / hub.WEIGHTS_NAME, tmp_path / ORIGINAL_4K)
+    assert_loaded_from(sapiens2.from_pretrained(bare, device="cpu"), load_file(bare), torch.float32)
+
+
+def test_4k_repo_holding_only_its_original_file_loads(tmp_path, monkeypatch, tiny_4k_preset):
+    """An official repo without config.json (the 4K backbone is not in transformers) is read from its
+    original file, in the checkpoint folder or on the Hub."""
+    local = write_tiny_4k_checkpoint(tmp_path / "mirror" / REPO_4K, file_name=ORIGINAL_4K)
+    weights = load_file(local / ORIGINAL_4K)
+    monkeypatch.setenv(hub.CHECKPOINT_DIR_ENV, str(tmp_path / "mirror"))
+    assert sapiens2.resolve_checkpoint(REPO_4K) == hub.ResolvedCheckpoint(
+        None, (local / ORIGINAL_4K,), REPO_4K
+    )
+    assert_loaded_from(sapiens2.from_pretrained(REPO_4K, device="cpu"), weights, torch.float32)
+
+    monkeypatch.delenv(hub.CHECKPOINT_DIR_ENV)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    asked = []
+
+    def fake_download(repo_id, filename, **kwargs):
+        asked.append(filename)
+        if filename != ORIGINAL_4K:
+            raise RemoteEntryNotFoundError("absent", response=http_response(404))
+        return str(local / ORIGINAL_4K)
+
+    monkeypatch.setattr(hub, "hf_hub_download", fake_download)
+    assert_loaded_from(sapiens2.from_pretrained(REPO_4K, device="cpu"), weights, torch.float32)
+    assert asked == [hub.CONFIG_NAME, ORIGINAL_4K]
+
+    class FakeApi:
+        def model_info(self, repo_id, *, revision, files_metadata):
+            names = {ORIGINAL_4K: 3_213_000_000, "README.md": 10}
+            return SimpleNamespace(siblings=[SimpleNamespace(rfilename=n, size=s) for n, s in names.items()])
+
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-home"))
+    assert sapiens2.checkpoint_download_size(REPO_4K) == 3_213_000_000
+
+
+def test_repo_without_config_nor_original_file_reports_the_missing_config(monkeypatch, no_checkpoint_dir):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def fake_download(repo_id, filename, **kwargs):
+        raise RemoteEntryNotFoundError("absent", response=http_response(404))
+
+    monkeypatch.setattr(hub, "hf_hub_download", fake_download)
+    with pytest.raises(CheckpointNotFoundError, match=rf"{REPO_4K} has no file config.json"):
+        sapiens2.from_pretrained(REPO_4K, device="cpu")
+
+
 def test_real_pose_preset_has_the_official_parameter_count_and_checkpoint_names(pose_dir):
     config = Sapiens2Config.from_dict(presets.config_for_checkpoint_name("sapiens2_0.4b_pose.safetensors"))
     with torch.device("meta"):
         model = build_model(config)
     assert sum(p.numel() for p in model.parameters()) == OFFICIAL_POSE_04B_PARAMETERS
+
     # Same tensor names as a checkpoint saved by transformers, whatever the block count.
     def per_block(names):
         return {re.sub(r"blocks\.\d+\.", "blocks.N.", name) for name in names}
@@ -148,6 +219,7 @@ def test_every_preset_builds_on_the_meta_device(size, task):
         ("/ckpt/seg/sapiens2_5b_seg.safetensors", ("5b", "seg")),
         ("Sapiens2_1B_Pointmap.safetensors", ("1b", "pointmap")),
         ("sapiens2_0.1b_pretrain.safetensors", ("0.1b", "pretrain")),
+        ("sapiens2_1b_4k_pretrain.safetensors", ("1b-4k", "pretrain")),
     ],
 )
 def test_checkpoint_names_parse(name, expected):
@@ -159,7 +231,8 @@ def test_checkpoint_names_parse(name, expected):
     [
         ("model.safetensors", "cannot tell the model"),
         ("sapiens2_1b_albedo.safetensors", "no built-in preset for Sapiens2 1b albedo"),
-        ("sapiens2_1b_4k_pretrain.safetensors", "no built-in preset"),
+        ("sapiens2_0.4b_4k_pretrain.safetensors", "no built-in preset for Sapiens2 0.4b-4k pretrain"),
+        ("sapiens2_1b_4k_pose.safetensors", "no built-in preset for Sapiens2 1b-4k pose"),
         ("sapiens2_0.1b_pose.safetensors", "no built-in preset"),
         ("sapiens2_2b_seg.safetensors", "no built-in preset"),
     ],

@@ -8,12 +8,24 @@ import numpy as np
 
 from ..export import write_depth, write_point_cloud, write_point_cloud_preview
 from ..images import LoadedImage
+from ..options import Option
 from ..postprocess import pointmap_to_image, to_hwc
 from ..results import TaskResult
 from ..visualize import depth_picture
 from .common import forward_photos, model_sizes, photo_results, row
 from .context import PipelineContext
 from .segment import background_masks
+
+OPTIONS = (
+    Option(
+        "smooth",
+        "Smooth the depth as the official demo does",
+        "checkbox",
+        True,
+        help="A light Gaussian blur of the predicted points before they are enlarged to the photo; the "
+        "picture, the point cloud and the exported .npy and .ply all show the smoothed points.",
+    ),
+)
 
 
 def _exporter(points: np.ndarray, rgb: np.ndarray, foreground: np.ndarray):
@@ -33,7 +45,12 @@ def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskRes
     def make(index: int, image: LoadedImage) -> TaskResult:
         output = row(outputs, index)
         pointmap = pointmap_to_image(
-            output.pointmaps, output.scales, sizes[index], settings, image.original_size
+            output.pointmaps,
+            output.scales,
+            sizes[index],
+            settings,
+            image.original_size,
+            smooth=context.options["smooth"],
         )
         points = np.ascontiguousarray(to_hwc(pointmap[0]))
         mask = masks[index]

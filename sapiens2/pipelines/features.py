@@ -14,8 +14,7 @@ from .context import PipelineContext
 
 def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
     outputs, settings = forward_photos(context, images)
-    patch = context.model().config.patch_size
-    rows, columns = settings.height // patch[0], settings.width // patch[1]
+    rows, columns = context.model().config.token_grid(settings.size)
     tokens = outputs.last_hidden_state
 
     def make(index: int, image: LoadedImage) -> TaskResult:
