@@ -6,6 +6,9 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("YOLO_OFFLINE", "1")
+# A test that turns HF_HUB_OFFLINE off stands in for the Hub itself; should anything still ask the Hub, it
+# asks a closed port of this machine (refused at once), never the network.
+os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 # Gradio's file cache of this run alone: another run on the same machine (or a test that ages the cache)
 # must never delete files this run is serving.
 _GRADIO_CACHE = None if "GRADIO_TEMP_DIR" in os.environ else tempfile.mkdtemp(prefix="sapiens2-tests-gradio-")

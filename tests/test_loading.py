@@ -33,8 +33,14 @@ from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigErro
 from sapiens2.kinds import KINDS
 from sapiens2.models import build_model
 
-KIND_SIZES = (("pretrain", "0.1b"), ("pose", "1b"), ("seg", "0.4b"), ("normal", "5b"), ("pointmap", "0.8b"),
-         ("matting", "1b"))
+KIND_SIZES = (
+    ("pretrain", "0.1b"),
+    ("pose", "1b"),
+    ("seg", "0.4b"),
+    ("normal", "5b"),
+    ("pointmap", "0.8b"),
+    ("matting", "1b"),
+)
 REPO = "facebook/sapiens2-pose-0.4b"
 # Official 0.4b pose: backbone 395,450,368 parameters (official Sapiens2 "sapiens2_0.4b" built on the meta
 # device) plus the keypoints308 head: deconvs 1024->1024->768 (4x4, no bias), 1x1 convs 768->512->512->256,
@@ -141,7 +147,7 @@ def test_4k_config_loads_and_its_preset_is_named_by_the_original_file(tmp_path, 
     assert_loaded_from(sapiens2.from_pretrained(bare, device="cpu"), load_file(bare), torch.float32)
 
 
-def test_4k_repo_holding_only_its_original_file_loads(tmp_path, monkeypatch, tiny_4k_preset):
+def test_4k_repo_holding_only_its_original_file_loads(tmp_path, monkeypatch, tiny_4k_preset, reachable_hub):
     """An official repo without config.json (the 4K backbone is not in transformers) is read from its
     original file, in the checkpoint folder or on the Hub."""
     local = write_tiny_4k_checkpoint(tmp_path / "mirror" / REPO_4K, file_name=ORIGINAL_4K)
