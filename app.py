@@ -26,7 +26,7 @@ from starlette.middleware import Middleware
 from sapiens2.errors import LimitError
 from sapiens2.export import write_picture
 from sapiens2.images import sanitize_filename
-from sapiens2.jobs import Cancelled, DeviceSlot, Job, run_until_stopped
+from sapiens2.jobs import Cancelled, DeviceSlot, Job, current_job, run_until_stopped
 from sapiens2.limits import Limits
 from sapiens2.messages import describe_error, is_expected
 from sapiens2.progress import Progress
@@ -54,9 +54,11 @@ log = logging.getLogger("sapiens2.app")
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 EXAMPLES = [[str(ASSETS / "grace_hopper.jpg")], [str(ASSETS / "astronaut.png")]]
-# Every model event shares one concurrency group of size 1: the device never runs two forwards at once,
-# and requests beyond the queue's size get a "queue is full" answer instead of waiting without end.
+# Every model event shares one concurrency group of two: one request's model work holds the device
+# (sapiens2.jobs.DeviceSlot, so the device never runs two forwards at once) while the one before writes its
+# pictures and files. Requests beyond the queue's size get a "queue is full" answer instead of waiting.
 MODEL_EVENTS = "models"
+MODEL_WORKERS = 2
 # Webcam streams have their own group: a stream holds its place there for its whole time, but takes the
 # device only one frame at a time, between requests (sapiens2.jobs.DeviceSlot).
 LIVE_EVENTS = "live"
@@ -69,6 +71,7 @@ MAX_UPLOAD = "40mb"
 CACHE_SWEEP, CACHE_LIFE = 600, 1800
 NOT_UPLOADED = "Only uploaded files are read, never a path on the server. Please upload the file itself."
 CANCELLED = "The request was cancelled."
+WAITING = "Waiting for the model: the work before this one is finishing"
 SHOWN_MAX_SIDE = 4096  # pictures on the page at most this long (a 48 MP PNG takes seconds to encode)
 LIVE_WINDOW = 10  # frames the live frame rate is measured over
 FIRST_TASK = next(iter(TASKS))
@@ -166,13 +169,14 @@ def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceS
             files = _downloads(f"{task.name}-downloads")
     outputs = [*pictures, summary, timing, files, *([cloud] if cloud else [])]
     event = button.click(
-        _on_device(slot, _task_handler(task, runtime, scratch)),
+        _cancellable(_task_handler(task, runtime, scratch, slot)),
         inputs=[image, size, *controls.values()],
         outputs=outputs,
         api_name=task.name,
         api_description=task.description,
         preprocess=False,
         concurrency_id=MODEL_EVENTS,
+        concurrency_limit=MODEL_WORKERS,
     )
     refresh = _note_handler(runtime, task.name)
     size.change(refresh, size, note, queue=False, api_visibility="private")
@@ -212,7 +216,8 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
         path, stem = _upload(image)
         report = _reporter(progress)
         with _user_errors():
-            results = _overview(runtime, path, size, report)
+            with _device(slot, report):
+                results = _overview(runtime, path, size, report)
             _stage(report, "writing files")
             folder = scratch.new_folder()
             files_out = [p for r in results for p in r.export(folder / r.task, stem)]
@@ -223,13 +228,14 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
         return [*shown, "\n\n".join(lines), "\n".join(timings), [str(p) for p in files_out]]
 
     button.click(
-        _on_device(slot, run_all),
+        _cancellable(run_all),
         inputs=[image, size],
         outputs=[*pictures, summary, timing, files],
         api_name="all",
         api_description="Every picture task on one photo, side by side.",
         preprocess=False,
         concurrency_id=MODEL_EVENTS,
+        concurrency_limit=MODEL_WORKERS,
     )
 
 
@@ -279,20 +285,23 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Non
                 video_format="webm",
                 limits=limits,
             )
-            result = _process_video(runtime, job, _reporter(progress))
+            report = _reporter(progress)
+            with _device(slot, report):
+                result = _process_video(runtime, job, report)
             _check_output(scratch, folder)
         line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second."
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
         return str(result.video_path), summary_text, [str(p) for p in result.files]
 
     button.click(
-        _on_device(slot, run_video),
+        _cancellable(run_video),
         inputs=[clip, choice, size],
         outputs=[shown, summary, files],
         api_name="video",
         api_description="A short clip through one task; returns the processed video and its files.",
         preprocess=False,  # the upload reaches the handler untouched: nothing but sapiens2.media opens it
         concurrency_id=MODEL_EVENTS,
+        concurrency_limit=MODEL_WORKERS,
     )
 
 
@@ -420,7 +429,7 @@ def _process_video(runtime: Runtime, job: VideoJob, progress) -> VideoResult:
     return process_video(runtime, job, progress)
 
 
-def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callable:
+def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Callable:
     """The endpoint of one task: (image, size, *options) -> (*pictures, summary, timing, files[, cloud]).
 
     Its signature names every parameter after the task's options, each with its default, so API clients
@@ -435,7 +444,8 @@ def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace) -> Callab
         options = {name: _option_value(value) for name, value in zip(names, values, strict=True)}
         report = _reporter(progress)
         with _user_errors():
-            result = _predict(runtime, task.name, path, size, options, report)
+            with _device(slot, report):
+                result = _predict(runtime, task.name, path, size, options, report)
             _stage(report, "writing files")
             folder = scratch.new_folder()
             files = result.export(folder, stem)
@@ -564,39 +574,31 @@ def _check_output(scratch: ScratchSpace, folder: Path) -> None:
         raise
 
 
-def _on_device(slot: DeviceSlot, handler: Callable) -> Callable:
-    """The handler as Gradio runs it: on a thread, holding the device slot for its whole work.
+def _cancellable(handler: Callable) -> Callable:
+    """The handler as Gradio runs it: on a thread, as a job that cancelling can stop.
 
     Cancelling the request (Job.cancel() in gradio_client, the page's stop button) or closing the page
     stops the work at its next check between batches, frames or tasks; Gradio's own slot is given back
-    only once the work has stopped, so two requests never run at once, cancelled or not.
+    only once the work has stopped, so no cancelled work runs on beside the next request.
     """
 
     @functools.wraps(handler)
-    async def on_device(*args: Any) -> Any:
+    async def cancellable(*args: Any) -> Any:
         job = Job(_client_connected())
-
-        def work() -> Any:
-            with slot.request(job, on_wait=_waiting_note(args)):
-                return handler(*args)
-
         try:
-            return await run_until_stopped(None, job, work)
+            return await run_until_stopped(None, job, handler, *args)
         except Cancelled:
             raise gr.Error(CANCELLED, print_exception=False) from None
 
-    return on_device
+    return cancellable
 
 
-def _waiting_note(args: Sequence[Any]) -> Callable[[], None]:
-    """Tells the page that the request waits for a webcam frame or a request to finish."""
-    progress = next((arg for arg in args if isinstance(arg, gr.Progress)), None)
-
-    def note() -> None:
-        if progress is not None:
-            progress(0.0, desc="Waiting for the model: the work before this one is finishing")
-
-    return note
+@contextmanager
+def _device(slot: DeviceSlot, report: Progress | None) -> Iterator[None]:
+    """Hold the device for a request's model work, after the requests before it (the page is told while it
+    waits); pictures and files are written after, off the device, while the next request runs."""
+    with slot.request(current_job(), on_wait=lambda: _stage(report, WAITING)):
+        yield
 
 
 def _client_connected() -> Callable[[], bool] | None:

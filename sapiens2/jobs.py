@@ -89,6 +89,12 @@ class DeviceSlot:
         self.turns = {"request": 0, "frame": 0, "frame dropped": 0}
 
     @property
+    def busy(self) -> bool:
+        """Whether a request or a frame holds the device now."""
+        with self._condition:
+            return self._busy
+
+    @property
     def waiting(self) -> int:
         """Requests waiting for the device now."""
         with self._condition:

@@ -299,6 +299,19 @@ def test_cancelled_jobs_stop_their_work_and_hold_the_model_until_they_do(server,
     assert Path(picture).is_file()
 
 
+def test_pictures_and_files_are_written_off_the_device(server, client, monkeypatch):
+    held = []
+    write_picture = app.write_picture
+
+    def recording(*args, **kwargs):
+        held.append(server.demo.device_slot.busy)
+        return write_picture(*args, **kwargs)
+
+    monkeypatch.setattr(app, "write_picture", recording)
+    client.predict(handle_file(str(GOOD_PHOTO)), api_name="/features")
+    assert held == [False], "the next request's model work may run while this one writes its pictures"
+
+
 def test_closing_the_page_stops_the_work(server, tmp_path):
     clip = write_video(tmp_path / "long.mp4", 200, (96, 64), 25.0)
     session = "closed-page-session"

@@ -210,17 +210,18 @@ def test_requests_beyond_the_queue_get_a_clear_queue_full_answer_and_the_rest_ar
             f"{server.url}gradio_api/upload", files=[("files", ("photo.jpg", buffer.getvalue()))]
         ).json()[0]
         photo = {"path": uploaded, "meta": {"_type": "gradio.FileData"}}
-        # One request runs (held), MAX_QUEUE wait, and every one after them is turned away at once.
+        # MODEL_WORKERS requests run (one holds the forward, the next waits for the device), MAX_QUEUE
+        # wait in the queue, and every one after them is turned away at once.
         accepted, refused = [], []
-        for index in range(app.MAX_QUEUE + 6):
+        for index in range(app.MAX_QUEUE + app.MODEL_WORKERS + 5):
             response = httpx.post(f"{server.url}gradio_api/call/features", json={"data": [photo, "0.1b"]})
             if response.status_code == 200:
                 accepted.append(response.json()["event_id"])
             else:
                 refused.append(response)
-            if index == 0:
-                time.sleep(1.0)  # the first request leaves the queue for the held forward
-        assert len(accepted) == app.MAX_QUEUE + 1
+            if index < app.MODEL_WORKERS:
+                time.sleep(1.0)  # the first requests leave the queue for the held forward
+        assert len(accepted) == app.MAX_QUEUE + app.MODEL_WORKERS
         assert [response.status_code for response in refused] == [503] * 5
         assert all(f"Queue is full. Max size is {app.MAX_QUEUE}" in r.json()["detail"] for r in refused)
 
