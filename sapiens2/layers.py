@@ -171,6 +171,14 @@ def stacked_projection(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
     return weight, torch.cat(biases)
 
 
+def stacked_linear(x: Tensor, *linears: nn.Linear) -> Tensor:
+    """The outputs of the linear layers on x, concatenated: one GEMM of the stacked weights, or, while
+    autograd records, one per layer, so that no stacked copy of the weights is kept for the backward pass."""
+    if torch.is_grad_enabled() and (x.requires_grad or any(layer.weight.requires_grad for layer in linears)):
+        return torch.cat([F.linear(x, layer.weight, layer.bias) for layer in linears], dim=-1)
+    return linear(x, *stacked_projection(*linears))
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with grouped key/value heads, QK RMSNorm and 2D RoPE on patch tokens.
 
@@ -209,7 +217,7 @@ class Attention(nn.Module):
         batch, tokens, dim = x.shape
         heads, kv_heads = self.num_heads, self.num_kv_heads
         # q, k and v come from one GEMM, and q and k share their norm and RoPE ops: fewer, larger kernels.
-        qkv = linear(x, *stacked_projection(self.wq, self.wk, self.wv))
+        qkv = stacked_linear(x, self.wq, self.wk, self.wv)
         qkv = qkv.view(batch, tokens, heads + 2 * kv_heads, self.head_dim)
         qk, v = qkv.split((heads + kv_heads, kv_heads), dim=2)
         if self.q_norm is not None:
