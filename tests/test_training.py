@@ -19,11 +19,11 @@ from tiny_datasets import WRITERS
 from tiny_models import tiny_config, write_transformers_checkpoint
 
 from sapiens2 import from_pretrained
+from sapiens2.tasks import get_task
 from sapiens2.training import cli
 from sapiens2.training.trainer import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = {"pose": "pose", "segment": "seg", "normals": "normal", "depth": "pointmap", "matting": "matting"}
 # The pointmap scale branch halves the patch grid three times: 10x6 patches keep 2 cells at the end.
 SIZES = {"depth": (160, 96)}
 METRICS = {
@@ -50,9 +50,9 @@ def one_thread():
 
 def trainable_checkpoint(directory: Path, task: str) -> Path:
     """A tiny checkpoint of `task` whose head is 32 channels wide (room to fit a few photos)."""
-    preset = PRESETS[task]
+    kind = get_task(task).kind
     extra = {"image_size": SIZES[task]} if task in SIZES else {}
-    config = tiny_config(preset, "1b" if task == "matting" else "0.4b", **extra)
+    config = tiny_config(kind.name, "0.4b" if "0.4b" in kind.sizes else kind.sizes[0], **extra)
     for key in ("upsample_out_channels", "conv_out_channels"):
         config["head_config"][key] = [32] * len(config["head_config"][key])
     return write_transformers_checkpoint(directory, config)

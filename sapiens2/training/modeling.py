@@ -22,14 +22,13 @@ from sapiens2 import presets
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import TrainingError
 from sapiens2.hub import from_pretrained, resolve_checkpoint
+from sapiens2.kinds import PRETRAIN
 from sapiens2.metadata import body_parts
-from sapiens2.models import build_model
+from sapiens2.models import MODEL_CLASSES, DenseTaskModel, build_model
 from sapiens2.training.datasets import ClassSet, KeypointSet, default_palette
 from sapiens2.training.tasks import Labels, TrainingTask, body_part_classes
 
 log = logging.getLogger("sapiens2.train")
-
-BACKBONE_ARCHITECTURES = ("Sapiens2Model", "Sapiens2Backbone")
 
 
 @dataclass
@@ -54,15 +53,16 @@ def load_trainable(
 ) -> TrainableModel:
     """The model of `source` ready to fine-tune on a dataset with `dataset_labels`."""
     config = source_config(source)
-    architecture = (config.get("architectures") or ["Sapiens2Model"])[0]
+    architecture = (config.get("architectures") or [PRETRAIN.architecture])[0]
     torch.manual_seed(seed)  # a new head or last layer starts the same in every process
-    if architecture in BACKBONE_ARCHITECTURES:
+    if is_backbone(architecture):
         return _from_backbone(task, source, config, dataset_labels)
-    if architecture != task.architecture:
+    if architecture != task.kind.architecture:
+        example = task.kind.repo_id(task.kind.sizes[0])
         raise TrainingError(
             f"--model {source} is a {architecture} checkpoint; training {task.name} needs a "
-            f"{task.architecture} checkpoint (e.g. facebook/sapiens2-{task.preset}-0.4b) or a pretrained "
-            "backbone (facebook/sapiens2-pretrain-0.4b)"
+            f"{task.kind.architecture} checkpoint (e.g. {example}) or a pretrained backbone "
+            f"({PRETRAIN.repo_id('0.4b')})"
         )
     model = from_pretrained(source, device="cpu", dtype=torch.float32)
     for parameter in model.parameters():  # weights may be memory-mapped from the file: train on a copy
@@ -91,12 +91,14 @@ def load_trainable(
 def _from_backbone(
     task: TrainingTask, source: str, config: dict[str, Any], dataset_labels: Labels | None
 ) -> TrainableModel:
-    """A task model whose backbone is the pretrained one and whose head is new, of the official layout."""
+    """A task model whose backbone is the pretrained one and whose head is new, of the official layout of
+    that size (of the largest size for a kind not released at that size)."""
     size = backbone_size(config)
-    head = presets.HEADS.get((task.preset, size)) or presets.HEADS.get((task.preset, "1b"))
+    heads = task.kind.heads
+    head = heads.get(size) or heads[task.kind.sizes[-1]]
     labels = dataset_labels if dataset_labels is not None else _default_labels(task)
     task_config = copy.deepcopy(config)
-    task_config.update(architectures=[task.architecture], head_config=copy.deepcopy(head))
+    task_config.update(architectures=[task.kind.architecture], head_config=copy.deepcopy(dict(head)))
     task_config.pop("out_indices", None)
     task_config.pop("out_features", None)
     task_config = labelled_config(task_config, task, labels)
@@ -108,6 +110,12 @@ def _from_backbone(
         "New %s head (the official %s layout) on the pretrained backbone of %s.", task.name, size, source
     )
     return TrainableModel(model.train(), labels, task_config)
+
+
+def is_backbone(architecture: str) -> bool:
+    """Whether a model class name is a bare backbone (no decode head)."""
+    model_class = MODEL_CLASSES.get(architecture)
+    return model_class is not None and not issubclass(model_class, DenseTaskModel)
 
 
 def backbone_size(config: dict[str, Any]) -> str:

@@ -139,7 +139,7 @@ class SegmentationSamples(TaskSamples):
         classes = datasets.load_classes(record.target, self.num_classes, image.shape[:2])
         sample = DenseSample(image, {"classes": classes})
         if rng is None:
-            sample = augment.fit(sample, self.settings.size, keep_ratio=False)
+            sample = augment.fit(sample, self.settings.size, self.settings.do_pad)
         else:
             sample = augment.augment_segmentation(rng, sample, self.settings.size, self.class_order)
         return {
@@ -160,10 +160,10 @@ class NormalSamples(TaskSamples):
         sample = DenseSample(image, {"normals": np.nan_to_num(normals), "mask": mask.astype(np.uint8)})
         if rng is not None:
             sample.image = augment.colour_jitter(rng, sample.image)
-            sample = augment.augment_geometry(rng, sample, self.settings.size, 0.3, keep_ratio=True)
+            sample = augment.augment_geometry(rng, sample, self.settings.size, 0.3, self.settings.do_pad)
             sample.image = augment.blur_and_noise(rng, sample.image, solarize=True)
         else:
-            sample = augment.fit(sample, self.settings.size, keep_ratio=True)
+            sample = augment.fit(sample, self.settings.size, self.settings.do_pad)
         mask = sample.maps["mask"] > 0
         normals = sample.maps["normals"]
         normals = normals / np.maximum(np.linalg.norm(normals, axis=-1, keepdims=True), 1e-6)
@@ -188,9 +188,9 @@ class PointmapSamples(TaskSamples):
         sample = DenseSample(image, {"depth": depth, "mask": mask.astype(np.uint8)}, camera)
         if rng is not None:
             sample.image = augment.colour_jitter(rng, sample.image)
-            sample = augment.augment_geometry(rng, sample, self.settings.size, 0.3, keep_ratio=True)
+            sample = augment.augment_geometry(rng, sample, self.settings.size, 0.3, self.settings.do_pad)
         else:
-            sample = augment.fit(sample, self.settings.size, keep_ratio=True)
+            sample = augment.fit(sample, self.settings.size, self.settings.do_pad)
         mask = (sample.maps["mask"] > 0) & (sample.maps["depth"] > 0)
         pointmap, scale = canonical_pointmap(sample.maps["depth"], sample.camera, mask)
         return {
@@ -226,9 +226,9 @@ class MattingSamples(TaskSamples):
             maps["foreground"] = foreground.astype(np.float32) / 255
         sample = DenseSample(image, maps)
         if rng is not None:
-            sample = augment.augment_geometry(rng, sample, self.settings.size, 0.5, keep_ratio=False)
+            sample = augment.augment_geometry(rng, sample, self.settings.size, 0.5, self.settings.do_pad)
         else:
-            sample = augment.fit(sample, self.settings.size, keep_ratio=False)
+            sample = augment.fit(sample, self.settings.size, self.settings.do_pad)
         photo = sample.image.astype(np.float32) / 255
         alpha = np.clip(sample.maps["alpha"], 0, 1)[..., None]
         foreground = sample.maps.get("foreground", photo)

@@ -11,8 +11,10 @@ from torch import Tensor
 
 from sapiens2 import losses
 from sapiens2.errors import TrainingError
+from sapiens2.kinds import ModelKind
 from sapiens2.metadata import body_parts
 from sapiens2.processing import ProcessorSettings
+from sapiens2.tasks import Task, get_task
 from sapiens2.training import datasets, metrics, samples
 from sapiens2.training.datasets import ClassSet, KeypointSet
 
@@ -21,15 +23,29 @@ Labels = KeypointSet | ClassSet | tuple[str, ...]
 
 @dataclass(frozen=True)
 class TrainingTask:
-    """One trainable task: names, the model class and preset it fine-tunes, and its data and loss."""
+    """One trainable task of the registry: its dataset layout, samples, recipe loss and metric."""
 
-    name: str
-    aliases: tuple[str, ...]
-    architecture: str
-    preset: str  # the task's name in sapiens2.presets and in the official file names
-    processor: str  # the task's name for sapiens2.processing.ProcessorSettings
+    task: Task
     read: Callable[[Path], tuple[list, Labels | None]]
-    channels: tuple[str, ...] = ()  # fixed output channels (dense regression tasks)
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    @property
+    def kind(self) -> ModelKind:
+        """The kind of checkpoint the task fine-tunes."""
+        return self.task.kind
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Other names accepted on the command line: the kind's name (seg, normal, pointmap)."""
+        return (self.kind.name,) if self.kind.name != self.name else ()
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """The head's output names of the official checkpoints."""
+        return tuple(self.kind.labels()["id2label"].values())
 
     def samples(
         self,
@@ -85,50 +101,18 @@ class TrainingTask:
         }[self.name]()
 
 
-def _read_segmentation(directory: Path) -> tuple[list, ClassSet | None]:
-    return datasets.read_segmentation(directory)
-
-
 def _fixed(reader: Callable[[Path], list]) -> Callable[[Path], tuple[list, None]]:
     return lambda directory: (reader(directory), None)
 
 
-TASKS: dict[str, TrainingTask] = {
-    task.name: task
-    for task in (
-        TrainingTask("pose", (), "Sapiens2ForPoseEstimation", "pose", "pose", datasets.read_pose),
-        TrainingTask(
-            "segment", ("seg",), "Sapiens2ForSemanticSegmentation", "seg", "seg", _read_segmentation
-        ),
-        TrainingTask(
-            "normals",
-            ("normal",),
-            "Sapiens2ForNormalEstimation",
-            "normal",
-            "normal",
-            _fixed(datasets.read_normals),
-            ("x", "y", "z"),
-        ),
-        TrainingTask(
-            "depth",
-            ("pointmap",),
-            "Sapiens2ForPointmapEstimation",
-            "pointmap",
-            "pointmap",
-            _fixed(datasets.read_pointmaps),
-            ("x", "y", "z"),
-        ),
-        TrainingTask(
-            "matting",
-            (),
-            "Sapiens2ForImageMatting",
-            "matting",
-            "matting",
-            _fixed(datasets.read_matting),
-            ("r", "g", "b", "alpha"),
-        ),
-    )
+_READERS: dict[str, Callable[[Path], tuple[list, Labels | None]]] = {
+    "pose": datasets.read_pose,
+    "segment": datasets.read_segmentation,
+    "normals": _fixed(datasets.read_normals),
+    "depth": _fixed(datasets.read_pointmaps),
+    "matting": _fixed(datasets.read_matting),
 }
+TASKS: dict[str, TrainingTask] = {name: TrainingTask(get_task(name), read) for name, read in _READERS.items()}
 
 
 def get_training_task(name: str) -> TrainingTask:

@@ -138,9 +138,9 @@ def training_settings(options: TrainOptions, task: TrainingTask, source: str) ->
     defaults), with --input-size."""
     folder = processor_config_dir(source)
     settings = (
-        ProcessorSettings.from_pretrained_dir(folder, task.processor)
+        ProcessorSettings.from_pretrained_dir(folder, task.kind)
         if folder is not None
-        else ProcessorSettings.for_task(task.processor)
+        else ProcessorSettings.for_kind(task.kind)
     )
     if options.input_size is not None:
         settings = ProcessorSettings(
