@@ -160,6 +160,9 @@ class Sapiens2Config:
     id2label: dict[int, str] = field(default_factory=lambda: {0: "LABEL_0", 1: "LABEL_1"})
     flip_pairs: list[tuple[int, int]] | None = None
     semantic_loss_ignore_index: int = 255
+    # A fine-tuned model's keypoint links (0-based) and class colours, written by `sapiens2 train`.
+    skeleton: list[tuple[int, int]] | None = None
+    palette: list[tuple[int, int, int]] | None = None
     # Training-mode RoPE coordinate augmentation (transformers' defaults).
     pos_embed_shift: float | None = None
     pos_embed_jitter: float | None = None
@@ -258,6 +261,8 @@ class Sapiens2Config:
             id2label=_id2label(d),
             flip_pairs=_flip_pairs(get("flip_pairs")),
             semantic_loss_ignore_index=_integer(d, "semantic_loss_ignore_index", 255),
+            skeleton=_index_pairs("skeleton", get("skeleton")),
+            palette=_palette(get("palette")),
             pos_embed_shift=_optional_number(d, "pos_embed_shift", None),
             pos_embed_jitter=_optional_number(d, "pos_embed_jitter", None),
             pos_embed_rescale=_optional_number(d, "pos_embed_rescale", 2.0),
@@ -373,14 +378,29 @@ def _id2label(d: Mapping[str, Any]) -> dict[int, str]:
 
 
 def _flip_pairs(value: Any) -> list[tuple[int, int]] | None:
+    return _index_pairs("flip_pairs", value)
+
+
+def _index_pairs(name: str, value: Any) -> list[tuple[int, int]] | None:
     if value is None:
         return None
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(i, int) and i >= 0 for i in p)
         for p in value
     ):
-        raise ConfigError(f"flip_pairs: expected a list of [left, right] index pairs, got {value!r}")
+        raise ConfigError(f"{name}: expected a list of [first, second] index pairs, got {value!r}")
     return [(int(a), int(b)) for a, b in value]
+
+
+def _palette(value: Any) -> list[tuple[int, int, int]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(c, (list, tuple)) and len(c) == 3 and all(isinstance(v, int) and 0 <= v <= 255 for v in c)
+        for c in value
+    ):
+        raise ConfigError(f"palette: expected a list of [r, g, b] colours (0..255), got {value!r}")
+    return [(int(r), int(g), int(b)) for r, g, b in value]
 
 
 def _out_indices(d: Mapping[str, Any], layers: int) -> list[int]:

@@ -31,9 +31,10 @@ import cv2
 import numpy as np
 import torch
 
+from sapiens2 import metadata
 from sapiens2.errors import DatasetError
 from sapiens2.losses import fit_intrinsics
-from sapiens2.metadata import body_parts, keypoints308
+from sapiens2.metadata import keypoints308
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 IGNORE_LABEL = 255
@@ -168,7 +169,7 @@ def read_classes(path: Path) -> ClassSet:
         raise DatasetError(f"{path}: 'names' must be a non-empty list of class names")
     palette = data.get("palette") or data.get("colors")
     if palette is None:
-        palette = default_palette(len(names))
+        palette = metadata.palette(len(names))
     elif not isinstance(palette, list) or len(palette) != len(names):
         raise DatasetError(f"{path}: 'palette' must hold one [r, g, b] per class ({len(names)})")
     colours = tuple(
@@ -184,15 +185,6 @@ def read_classes(path: Path) -> ClassSet:
             f"{path}: at most {IGNORE_LABEL} classes (mask value {IGNORE_LABEL} means unlabelled)"
         )
     return ClassSet(tuple(names), colours, weights)
-
-
-def default_palette(count: int) -> list[tuple[int, int, int]]:
-    """The body-part palette's first colours, then evenly spread hues."""
-    palette = list(body_parts().palette[:count])
-    for index in range(len(palette), count):
-        hue = np.uint8([[[int(180 * index * 0.618034) % 180, 200, 230]]])
-        palette.append(tuple(int(v) for v in cv2.cvtColor(hue, cv2.COLOR_HSV2RGB)[0, 0]))
-    return palette
 
 
 def mirrored_pairs(names: Sequence[str]) -> tuple[tuple[int, int], ...]:

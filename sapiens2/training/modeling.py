@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from sapiens2 import presets
+from sapiens2 import metadata, presets
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import TrainingError
 from sapiens2.hub import from_pretrained, resolve_checkpoint
 from sapiens2.kinds import PRETRAIN
 from sapiens2.metadata import body_parts
 from sapiens2.models import MODEL_CLASSES, DenseTaskModel, build_model
-from sapiens2.training.datasets import ClassSet, KeypointSet, default_palette
+from sapiens2.training.datasets import ClassSet, KeypointSet
 from sapiens2.training.tasks import Labels, TrainingTask, body_part_classes
 
 log = logging.getLogger("sapiens2.train")
@@ -165,7 +165,7 @@ def _checkpoint_labels(task: TrainingTask, config: Sapiens2Config) -> Labels:
     if task.name == "segment":
         if names == body_parts().names:
             return body_part_classes()
-        return ClassSet(names, tuple(default_palette(len(names))))
+        return ClassSet(names, metadata.palette(len(names)))
     return names
 
 
