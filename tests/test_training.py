@@ -271,3 +271,19 @@ def test_train_command_is_reached_through_python_m_sapiens2():
     )
     assert finished.returncode == 0
     assert "--grad-checkpointing" in finished.stdout and "DIR/annotations.json" in finished.stdout
+
+
+def test_a_pretrained_backbone_gets_a_new_official_head(workspace, tmp_path):
+    from tiny_models import write_tiny_checkpoint
+
+    backbone = write_tiny_checkpoint(tmp_path / "pretrain", get_task("features").kind.name)
+    run = train(options("segment", workspace / "segment_data", backbone, tmp_path / "out", steps=1))
+    config = json.loads((run.folder / "config.json").read_text())
+    assert config["architectures"] == [get_task("segment").kind.architecture]
+    assert config["head_config"]["upsample_out_channels"] == [512, 256, 128, 64]  # the official layout
+    assert len(config["id2label"]) == 4
+    pretrained = load_file(backbone / "model.safetensors")
+    trained = from_pretrained(run.folder, device="cpu", dtype=torch.float32).state_dict()
+    # One step from the pretrained weights: the backbone moved by at most a few learning rates.
+    name = "blocks.1.attn.wq.weight"
+    assert float((trained[f"backbone.{name}"] - pretrained[name]).abs().max()) < 1e-3
