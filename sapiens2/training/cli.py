@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--input-size",
         type=_size,
         metavar="HxW",
-        help="model input size (default: the checkpoint's preprocessor_config.json, else 1024x768)",
+        help="model input size (default: the checkpoint's preprocessor_config.json, else its image_size)",
     )
     recipe.add_argument(
         "--sigma", type=_positive(float), help="pose heatmap Gaussian sigma (default: 6 at 1024x768)"

@@ -133,14 +133,16 @@ class _StopRequest:
             signal.signal(number, handler)
 
 
-def training_settings(options: TrainOptions, task: TrainingTask, source: str) -> ProcessorSettings:
-    """The input size and normalization: the checkpoint's preprocessor_config.json (else the task's
-    defaults), with --input-size."""
+def training_settings(
+    options: TrainOptions, task: TrainingTask, source: str, image_size: tuple[int, int]
+) -> ProcessorSettings:
+    """The input size and normalization, as inference would use them: the checkpoint's
+    preprocessor_config.json, else its kind's defaults at its config's `image_size`; with --input-size."""
     folder = processor_config_dir(source)
     settings = (
-        ProcessorSettings.from_pretrained_dir(folder, task.kind)
+        ProcessorSettings.from_pretrained_dir(folder, task.kind, image_size)
         if folder is not None
-        else ProcessorSettings.for_kind(task.kind)
+        else ProcessorSettings.for_kind(task.kind, image_size)
     )
     if options.input_size is not None:
         settings = ProcessorSettings(
@@ -221,7 +223,7 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
     source = str(resume_from) if resume_from is not None else options.model
     trainable = load_trainable(task, source, dataset_labels, options.new_labels, options.seed)
     model, labels, config = trainable.model, trainable.labels, trainable.config
-    settings = training_settings(options, task, str(resume_from or options.model))
+    settings = training_settings(options, task, str(resume_from or options.model), model.config.image_size)
     _check_scale_branch(model, settings)
     model.backbone.augment_positions = False  # the official fine-tuning recipes do not move RoPE positions
     model.backbone.gradient_checkpointing = options.grad_checkpointing
