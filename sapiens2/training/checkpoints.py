@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from sapiens2.errors import TrainingError
 from sapiens2.hub import CONFIG_NAME, PROCESSOR_CONFIG_NAME, WEIGHTS_NAME
 from sapiens2.processing import ProcessorSettings
 
-STATE_NAME = "training_state.pt"
+STATE_NAME = "optimizer.safetensors"
+SCHEDULE_NAME = "optimizer.json"
 TRAINER_STATE_NAME = "trainer_state.json"
 FINAL_NAME = "final"
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -91,7 +92,7 @@ def save_checkpoint(
 
     def write(folder: Path) -> None:
         write_model(folder, model, config, settings)
-        torch.save(training_state, folder / STATE_NAME)
+        write_training_state(folder, training_state)
         (folder / TRAINER_STATE_NAME).write_text(json.dumps(trainer_state, indent=2) + "\n")
 
     path = write_atomically(out / f"checkpoint-{step}", write)
@@ -125,7 +126,8 @@ def resume_folder(path: Path) -> Path:
                 "run (holding checkpoint-N folders) or one of its checkpoint-N folders."
             )
         folder = found[-1]
-    missing = [name for name in (STATE_NAME, WEIGHTS_NAME, CONFIG_NAME) if not (folder / name).is_file()]
+    names = (STATE_NAME, SCHEDULE_NAME, WEIGHTS_NAME, CONFIG_NAME)
+    missing = [name for name in names if not (folder / name).is_file()]
     if missing:
         raise TrainingError(f"--resume {folder}: incomplete checkpoint, {', '.join(missing)} missing")
     return folder
@@ -138,8 +140,36 @@ def read_trainer_state(folder: Path) -> dict[str, Any]:
         raise TrainingError(f"--resume {folder}: cannot read {TRAINER_STATE_NAME} ({error})") from None
 
 
+def write_training_state(folder: Path, state: dict[str, Any]) -> None:
+    """The optimizer's and the schedule's state: tensors in optimizer.safetensors, the rest in JSON (no
+    pickle, like every file this package reads)."""
+    tensors, structure = {}, {"step": state["step"], "scheduler": state["scheduler"]}
+    optimizer = state["optimizer"]
+    structure["param_groups"] = optimizer["param_groups"]
+    structure["state"] = {}
+    for index, values in optimizer["state"].items():
+        structure["state"][str(index)] = {}
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                structure["state"][str(index)][name] = value
+    save_file(tensors, folder / STATE_NAME)
+    (folder / SCHEDULE_NAME).write_text(json.dumps(structure) + "\n")
+
+
 def read_training_state(folder: Path) -> dict[str, Any]:
+    """What `write_training_state` wrote, as {"optimizer", "scheduler", "step"}."""
     try:
-        return torch.load(folder / STATE_NAME, map_location="cpu", weights_only=True)
+        structure = json.loads((folder / SCHEDULE_NAME).read_text())
+        tensors = load_file(folder / STATE_NAME)
     except Exception as error:
-        raise TrainingError(f"--resume {folder}: cannot read {STATE_NAME} ({error})") from None
+        raise TrainingError(
+            f"--resume {folder}: cannot read {STATE_NAME} / {SCHEDULE_NAME} ({error})"
+        ) from None
+    state = {int(index): dict(values) for index, values in structure["state"].items()}
+    for key, tensor in tensors.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = tensor
+    optimizer = {"state": state, "param_groups": structure["param_groups"]}
+    return {"optimizer": optimizer, "scheduler": structure["scheduler"], "step": structure["step"]}

@@ -299,7 +299,7 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
         unit="step",
         disable=not (main and options.progress),
     )
-    window: dict[str, float] = {}
+    window: dict[str, torch.Tensor] = {}  # summed on the device: read (a sync) only when logged
     window_steps, window_start = 0, time.perf_counter()
     step = start
     with _StopRequest() as stop_request:
@@ -318,9 +318,9 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            for name, value in {"loss": loss, **{f"loss/{k}": v for k, v in terms.items()}}.items():
-                window[name] = window.get(name, 0.0) + float(value.detach())
-            window["grad_norm"] = window.get("grad_norm", 0.0) + float(grad_norm)
+            logged = {"loss": loss, **{f"loss/{k}": v for k, v in terms.items()}, "grad_norm": grad_norm}
+            for name, value in logged.items():
+                window[name] = window.get(name, 0) + value.detach().float()
             window_steps += 1
             progress.update(1)
             last = step == steps
@@ -407,11 +407,10 @@ def validate(
     return {"loss": float(loss[0] / loss[1].clamp(min=1))} | metric.summary(sums.cpu())
 
 
-def _mean_across(accelerator: Accelerator, window: dict[str, float], steps: int) -> dict[str, float]:
+def _mean_across(accelerator: Accelerator, window: dict[str, torch.Tensor], steps: int) -> dict[str, float]:
+    """Each logged value's mean over the window's steps and over the processes."""
     names = sorted(window)
-    values = torch.tensor(
-        [window[name] / steps for name in names], dtype=torch.float64, device=accelerator.device
-    )
+    values = torch.stack([window[name] / steps for name in names]).double()
     values = accelerator.reduce(values, "mean")
     return dict(zip(names, values.tolist(), strict=True))
 
