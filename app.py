@@ -28,6 +28,7 @@ from sapiens2.export import write_picture
 from sapiens2.images import sanitize_filename
 from sapiens2.jobs import Cancelled, DeviceSlot, Job, current_job, run_until_stopped
 from sapiens2.limits import Limits
+from sapiens2.local_models import Choices, local_choices
 from sapiens2.messages import describe_error, is_expected
 from sapiens2.progress import Progress
 from sapiens2.results import TaskResult
@@ -98,9 +99,13 @@ CSS = """
 THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="sky")
 
 
-def build_app(runtime: Runtime, scratch: ScratchSpace | None = None) -> gr.Blocks:
-    """The whole UI: one tab per task, an "All tasks" tab and a live webcam tab."""
+def build_app(
+    runtime: Runtime, scratch: ScratchSpace | None = None, local: Choices | None = None
+) -> gr.Blocks:
+    """The whole UI: one tab per task, an "All tasks" tab and a live webcam tab; `local` adds fine-tuned
+    checkpoints to their tasks' model lists (see sapiens2.local_models)."""
     scratch = scratch or ScratchSpace()
+    local = local or {}
     slot = DeviceSlot()
     with gr.Blocks(title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE)) as demo:
         with gr.Column(elem_classes="studio-header"):
@@ -109,7 +114,7 @@ def build_app(runtime: Runtime, scratch: ScratchSpace | None = None) -> gr.Block
         with gr.Tabs():
             for task in TASKS.values():
                 with gr.Tab(task.title, id=task.name):
-                    _task_tab(task, runtime, scratch, slot)
+                    _task_tab(task, runtime, scratch, slot, local.get(task.name, {}))
             with gr.Tab("All tasks", id="all"):
                 _overview_tab(runtime, scratch, slot)
             with gr.Tab("Video", id="video"):
@@ -147,13 +152,16 @@ def launch(
 # ---- tabs --------------------------------------------------------------------------------------------------
 
 
-def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> None:
-    """Input, model size, the task's options and its outputs, wired to the endpoint /<task name>."""
+def _task_tab(
+    task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, local: dict[str, str]
+) -> None:
+    """Input, model size (or a local fine-tuned model), the task's options and its outputs, wired to the
+    endpoint /<task name>."""
     gr.Markdown(f"### {task.title}\n{task.description}")
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             image = _photo_input(f"{task.name}-photo")
-            size = gr.Dropdown(list(task.repos), value=task.default_size, label="Model size")
+            size = gr.Dropdown([*task.repos, *local], value=task.default_size, label="Model size")
             note = gr.Markdown(_download_note(runtime, task.name, task.default_size))
             controls = {}
             options = runtime.options(task.name)
@@ -169,7 +177,7 @@ def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceS
             files = _downloads(f"{task.name}-downloads")
     outputs = [*pictures, summary, timing, files, *([cloud] if cloud else [])]
     event = button.click(
-        _cancellable(_task_handler(task, runtime, scratch, slot)),
+        _cancellable(_task_handler(task, runtime, scratch, slot, local)),
         inputs=[image, size, *controls.values()],
         outputs=outputs,
         api_name=task.name,
@@ -178,7 +186,7 @@ def _task_tab(task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceS
         concurrency_id=MODEL_EVENTS,
         concurrency_limit=MODEL_WORKERS,
     )
-    refresh = _note_handler(runtime, task.name)
+    refresh = _note_handler(runtime, task.name, local)
     size.change(refresh, size, note, queue=False, api_visibility="private")
     event.then(refresh, size, note, queue=False, api_visibility="private")
 
@@ -414,9 +422,15 @@ def _downloads(elem_id: str) -> gr.File:
 
 @gpu
 def _predict(
-    runtime: Runtime, task: str, image: Any, size: str | None, options: dict, progress
+    runtime: Runtime,
+    task: str,
+    image: Any,
+    size: str | None,
+    options: dict,
+    progress,
+    model: str | None = None,
 ) -> TaskResult:
-    return runtime.run(task, image, size=size, progress=progress, **options)
+    return runtime.run(task, image, size=size, model=model, progress=progress, **options)
 
 
 @gpu
@@ -429,8 +443,11 @@ def _process_video(runtime: Runtime, job: VideoJob, progress) -> VideoResult:
     return process_video(runtime, job, progress)
 
 
-def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Callable:
-    """The endpoint of one task: (image, size, *options) -> (*pictures, summary, timing, files[, cloud]).
+def _task_handler(
+    task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, local: dict[str, str]
+) -> Callable:
+    """The endpoint of one task: (image, size, *options) -> (*pictures, summary, timing, files[, cloud]);
+    `size` may name one of the `local` fine-tuned models.
 
     Its signature names every parameter after the task's options, each with its default, so API clients
     can call `predict(handle_file(photo), api_name="/<task>")` and set any option by name.
@@ -444,8 +461,10 @@ def _task_handler(task: Task, runtime: Runtime, scratch: ScratchSpace, slot: Dev
         options = {name: _option_value(value) for name, value in zip(names, values, strict=True)}
         report = _reporter(progress)
         with _user_errors():
+            model = local.get(size) if isinstance(size, str) else None
+            size = None if model else size
             with _device(slot, report):
-                result = _predict(runtime, task.name, path, size, options, report)
+                result = _predict(runtime, task.name, path, size, options, report, model)
             _stage(report, "writing files")
             folder = scratch.new_folder()
             files = result.export(folder, stem)
@@ -485,8 +504,8 @@ def _picture_files(folder: Path, stem: str, task: Task, result: TaskResult) -> l
     ]
 
 
-def _note_handler(runtime: Runtime, task: str) -> Callable[[str], str]:
-    return lambda size: _download_note(runtime, task, size)
+def _note_handler(runtime: Runtime, task: str, local: dict[str, str]) -> Callable[[str], str]:
+    return lambda size: "A local fine-tuned model." if size in local else _download_note(runtime, task, size)
 
 
 def _download_note(runtime: Runtime, task: str, size: str | None) -> str:
@@ -638,6 +657,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="TASK=PATH",
+        help="a fine-tuned checkpoint folder (sapiens2 train's OUT/final) as a choice of TASK's model list",
+    )
     return parser.parse_args(argv)
 
 
@@ -646,12 +672,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         runtime = runtime_from_arguments(args)
+        local = local_choices(args.checkpoint_dir, args.model)
     except Exception as error:
         sys.exit(describe_error(error))
     scratch = ScratchSpace()
     atexit.register(scratch.remove)
     exit_cleanly_on_signals(scratch.remove)
-    launch(build_app(runtime, scratch), host=args.host, port=args.port, share=args.share)
+    launch(build_app(runtime, scratch, local), host=args.host, port=args.port, share=args.share)
 
 
 if __name__ == "__main__":

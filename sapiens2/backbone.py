@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from sapiens2.config import Sapiens2Config
-from sapiens2.layers import Attention, Block, PatchEmbed, RMSNorm, SwiGLU, rope_tables
+from sapiens2.layers import (
+    Attention,
+    Block,
+    PatchEmbed,
+    RMSNorm,
+    SwiGLU,
+    augment_coordinates,
+    patch_coordinates,
+    rope_tables,
+    rope_tables_at,
+)
 
 # Windows the tokenizer summarizes at once, as upstream does: its activations stay bounded whatever the photo
 # size (the whole 1b-4k forward at 4096x3072 peaks at 1.2 GiB of activations in bf16). Results do not
@@ -70,6 +81,15 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = 1 + config.num_register_tokens
         self.head_dim = config.head_dim
         self.rope_theta = config.rope_theta
+        # Random RoPE coordinate shift / jitter / rescale in training mode, as transformers does; the official
+        # fine-tuning recipes train without it (see `augment_positions`).
+        self.position_augmentation = (
+            config.pos_embed_shift,
+            config.pos_embed_jitter,
+            config.pos_embed_rescale,
+        )
+        self.augment_positions = any(value is not None for value in self.position_augmentation)
+        self.gradient_checkpointing = False
         self.patch_embed = PatchEmbed(config.num_channels, dim, config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.storage_tokens = nn.Parameter(torch.zeros(1, config.num_register_tokens, dim))
@@ -104,14 +124,28 @@ class VisionTransformer(nn.Module):
         batch = patches.shape[0]
         prefix = (self.cls_token.expand(batch, -1, -1), self.storage_tokens.expand(batch, -1, -1))
         tokens = torch.cat((*prefix, patches), dim=1)
-        rope = rope_tables(grid, self.head_dim, self.rope_theta, self.num_prefix_tokens, dtype, tokens.device)
+        if self.training and self.augment_positions:
+            coords = augment_coordinates(patch_coordinates(grid, tokens.device), *self.position_augmentation)
+            rope = rope_tables_at(coords, self.head_dim, self.rope_theta, self.num_prefix_tokens, dtype)
+        else:
+            rope = rope_tables(
+                grid, self.head_dim, self.rope_theta, self.num_prefix_tokens, dtype, tokens.device
+            )
         return tokens, rope, grid
+
+    def run_block(self, index: int, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        """Block `index` on tokens x; with `gradient_checkpointing` in training, its activations are
+        recomputed in the backward pass instead of kept."""
+        block = self.blocks[index]
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(block, x, rope, use_reentrant=False)
+        return block(x, rope)
 
     def forward(self, pixel_values: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Final-normalized tokens (B, N, C) and the patch grid (h, w)."""
         x, rope, grid = self.embed(pixel_values)
-        for block in self.blocks:
-            x = block(x, rope)
+        for index in range(len(self.blocks)):
+            x = self.run_block(index, x, rope)
         return self.ln1(x), grid
 
     def patch_features(self, tokens: Tensor, grid: tuple[int, int]) -> Tensor:

@@ -596,6 +596,11 @@ def print_summary(report: Report, seconds: float, out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 1 nothing succeeded, 2 usage error)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # `sapiens2 train TASK ...`: fine-tuning, its own command
+        from .training.cli import main as train
+
+        return train(argv[1:])
     for stream in (sys.stdout, sys.stderr):  # file names that are not UTF-8 print as \xNN, never crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")

@@ -159,6 +159,14 @@ class Sapiens2Config:
     num_channels: int = 3
     id2label: dict[int, str] = field(default_factory=lambda: {0: "LABEL_0", 1: "LABEL_1"})
     flip_pairs: list[tuple[int, int]] | None = None
+    semantic_loss_ignore_index: int = 255
+    # A fine-tuned model's keypoint links (0-based) and class colours, written by `sapiens2 train`.
+    skeleton: list[tuple[int, int]] | None = None
+    palette: list[tuple[int, int, int]] | None = None
+    # Training-mode RoPE coordinate augmentation (transformers' defaults).
+    pos_embed_shift: float | None = None
+    pos_embed_jitter: float | None = None
+    pos_embed_rescale: float | None = 2.0
     normalize_backbone_outputs: bool = True
     reshape_hidden_states: bool = True
     return_class_token: bool = False
@@ -205,8 +213,8 @@ class Sapiens2Config:
     def from_dict(cls, d: Mapping[str, Any]) -> Sapiens2Config:
         """Parse and validate a transformers-style config dict.
 
-        Training-only fields (dropout, drop path, position jitter, init ranges, mask token) and unknown keys
-        are ignored; a supported field with a value this package cannot run raises ConfigError.
+        Training-only fields (dropout, drop path, init ranges, mask token) and unknown keys are ignored; a
+        supported field with a value this package cannot run raises ConfigError.
         """
         if not isinstance(d, Mapping):
             raise ConfigError(f"config: expected a JSON object, got {type(d).__name__}")
@@ -252,6 +260,12 @@ class Sapiens2Config:
             num_channels=_positive_int(d, "num_channels", defaults.num_channels),
             id2label=_id2label(d),
             flip_pairs=_flip_pairs(get("flip_pairs")),
+            semantic_loss_ignore_index=_integer(d, "semantic_loss_ignore_index", 255),
+            skeleton=_index_pairs("skeleton", get("skeleton")),
+            palette=_palette(get("palette")),
+            pos_embed_shift=_optional_number(d, "pos_embed_shift", None),
+            pos_embed_jitter=_optional_number(d, "pos_embed_jitter", None),
+            pos_embed_rescale=_optional_number(d, "pos_embed_rescale", 2.0),
             normalize_backbone_outputs=_flag(d, "normalize_backbone_outputs", True),
             reshape_hidden_states=_flag(d, "reshape_hidden_states", True),
             return_class_token=_flag(d, "return_class_token", False),
@@ -291,6 +305,22 @@ def _count(d: Mapping[str, Any], name: str, default: int) -> int:
     value = d.get(name, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"{name}: expected a non-negative int, got {value!r}")
+    return value
+
+
+def _optional_number(d: Mapping[str, Any], name: str, default: float | None) -> float | None:
+    value = d.get(name, default)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name}: expected a positive number or null, got {value!r}")
+    return float(value)
+
+
+def _integer(d: Mapping[str, Any], name: str, default: int) -> int:
+    value = d.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name}: expected an int, got {value!r}")
     return value
 
 
@@ -348,14 +378,29 @@ def _id2label(d: Mapping[str, Any]) -> dict[int, str]:
 
 
 def _flip_pairs(value: Any) -> list[tuple[int, int]] | None:
+    return _index_pairs("flip_pairs", value)
+
+
+def _index_pairs(name: str, value: Any) -> list[tuple[int, int]] | None:
     if value is None:
         return None
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(i, int) and i >= 0 for i in p)
         for p in value
     ):
-        raise ConfigError(f"flip_pairs: expected a list of [left, right] index pairs, got {value!r}")
+        raise ConfigError(f"{name}: expected a list of [first, second] index pairs, got {value!r}")
     return [(int(a), int(b)) for a, b in value]
+
+
+def _palette(value: Any) -> list[tuple[int, int, int]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(c, (list, tuple)) and len(c) == 3 and all(isinstance(v, int) and 0 <= v <= 255 for v in c)
+        for c in value
+    ):
+        raise ConfigError(f"palette: expected a list of [r, g, b] colours (0..255), got {value!r}")
+    return [(int(r), int(g), int(b)) for r, g, b in value]
 
 
 def _out_indices(d: Mapping[str, Any], layers: int) -> list[int]:

@@ -32,3 +32,11 @@ class LimitError(Sapiens2Error, ValueError):
 
 class OutOfSpaceError(Sapiens2Error, OSError):
     """The disk is full: a file could not be written (nothing partial is left)."""
+
+
+class TrainingError(Sapiens2Error):
+    """A training run cannot start or continue: bad options, a bad resume folder, out of memory."""
+
+
+class DatasetError(TrainingError):
+    """A training or validation dataset does not follow its layout; the message names the file and field."""

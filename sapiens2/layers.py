@@ -38,11 +38,18 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
+def scaled(x: Tensor, scale: Tensor) -> Tensor:
+    """x * scale, written into x (a temporary) when autograd records nothing, to save memory."""
+    if torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad):
+        return x * scale
+    return x.mul_(scale)
+
+
 def rms_normalize(x: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dimension, computed in float32, returned in x's dtype."""
     x32 = x.float()
-    mean_square = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square_().div_(x.shape[-1])
-    return (x32 * mean_square.add_(eps).rsqrt_()).to(x.dtype)
+    mean_square = torch.linalg.vector_norm(x32, dim=-1, keepdim=True).square().div(x.shape[-1])
+    return (x32 * mean_square.add(eps).rsqrt()).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -54,7 +61,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_normalize(x, self.eps).mul_(self.weight)
+        return scaled(rms_normalize(x, self.eps), self.weight)
 
 
 class LayerScale(nn.Module):
@@ -82,6 +89,56 @@ class PatchEmbed(nn.Module):
 
 
 @lru_cache(maxsize=16)
+def patch_coordinates(grid: tuple[int, int], device: torch.device) -> Tensor:
+    """Patch centres (h * w, 2) as (y, x), each axis placed separately on [-1, 1]."""
+    with torch.inference_mode(False):
+        height, width = grid
+        ys = torch.arange(0.5, height, dtype=torch.float32, device=device) / height
+        xs = torch.arange(0.5, width, dtype=torch.float32, device=device) / width
+        return 2.0 * torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1) - 1.0
+
+
+def augment_coordinates(
+    coords: Tensor, shift: float | None = None, jitter: float | None = None, rescale: float | None = None
+) -> Tensor:
+    """Training-time RoPE augmentation: coordinates (N, 2) shifted by U(-shift, shift) per axis, scaled by
+    a log-uniform factor in [1/jitter, jitter] per axis and by one in [1/rescale, rescale] for both; each
+    draw from torch's default generator, in that order."""
+    if shift is not None:
+        coords = coords + torch.empty(1, 2, device=coords.device).uniform_(-shift, shift)
+    if jitter is not None:
+        coords = (
+            coords
+            * torch.empty(1, 2, device=coords.device).uniform_(-math.log(jitter), math.log(jitter)).exp()
+        )
+    if rescale is not None:
+        coords = (
+            coords
+            * torch.empty(1, device=coords.device).uniform_(-math.log(rescale), math.log(rescale)).exp()
+        )
+    return coords
+
+
+def rope_tables_at(
+    coords: Tensor, head_dim: int, theta: float, num_prefix: int, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """cos and signed-sin tables (tokens, 1, head_dim) of the 2D RoPE at patch coordinates (N, 2) (y, x);
+    identity on the prefix tokens.
+
+    Each quarter of the head channels rotates with one frequency of one axis, in the layout [y, x, y, x].
+    """
+    inv_freq = 1 / theta ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=coords.device)
+    angles = (2 * math.pi * coords[:, :, None] * inv_freq).flatten(1, 2).tile(2)
+    cos, sin = angles.cos(), angles.sin()
+    half = head_dim // 2
+    # rotate_half(x) * sin == swap_halves(x) * [-sin, sin], so the sign lives in the table.
+    sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    cos = torch.cat((cos.new_ones(num_prefix, head_dim), cos))
+    sin = torch.cat((sin.new_zeros(num_prefix, head_dim), sin))
+    return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
+
+
+@lru_cache(maxsize=16)
 def rope_tables(
     grid: tuple[int, int],
     head_dim: int,
@@ -90,26 +147,9 @@ def rope_tables(
     dtype: torch.dtype,
     device: torch.device,
 ) -> tuple[Tensor, Tensor]:
-    """cos and signed-sin tables (tokens, 1, head_dim) of the 2D RoPE; identity on the prefix tokens.
-
-    Patch centres are placed on [-1, 1] separately along height and width; each quarter of the head
-    channels rotates with one frequency of one axis, in the layout [y, x, y, x].
-    """
+    """`rope_tables_at` the patch centres of `grid`, cached."""
     with torch.inference_mode(False):
-        height, width = grid
-        inv_freq = 1 / theta ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=device)
-        ys = torch.arange(0.5, height, dtype=torch.float32, device=device) / height
-        xs = torch.arange(0.5, width, dtype=torch.float32, device=device) / width
-        coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)
-        coords = 2.0 * coords - 1.0
-        angles = (2 * math.pi * coords[:, :, None] * inv_freq).flatten(1, 2).tile(2)
-        cos, sin = angles.cos(), angles.sin()
-        half = head_dim // 2
-        # rotate_half(x) * sin == swap_halves(x) * [-sin, sin], so the sign lives in the table.
-        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        cos = torch.cat((cos.new_ones(num_prefix, head_dim), cos))
-        sin = torch.cat((sin.new_zeros(num_prefix, head_dim), sin))
-        return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
+        return rope_tables_at(patch_coordinates(grid, device), head_dim, theta, num_prefix, dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -129,6 +169,14 @@ def stacked_projection(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
         for linear in linears
     ]
     return weight, torch.cat(biases)
+
+
+def stacked_linear(x: Tensor, *linears: nn.Linear) -> Tensor:
+    """The outputs of the linear layers on x, concatenated: one GEMM of the stacked weights, or, while
+    autograd records, one per layer, so that no stacked copy of the weights is kept for the backward pass."""
+    if torch.is_grad_enabled() and (x.requires_grad or any(layer.weight.requires_grad for layer in linears)):
+        return torch.cat([F.linear(x, layer.weight, layer.bias) for layer in linears], dim=-1)
+    return linear(x, *stacked_projection(*linears))
 
 
 class Attention(nn.Module):
@@ -169,12 +217,12 @@ class Attention(nn.Module):
         batch, tokens, dim = x.shape
         heads, kv_heads = self.num_heads, self.num_kv_heads
         # q, k and v come from one GEMM, and q and k share their norm and RoPE ops: fewer, larger kernels.
-        qkv = linear(x, *stacked_projection(self.wq, self.wk, self.wv))
+        qkv = stacked_linear(x, self.wq, self.wk, self.wv)
         qkv = qkv.view(batch, tokens, heads + 2 * kv_heads, self.head_dim)
         qk, v = qkv.split((heads + kv_heads, kv_heads), dim=2)
         if self.q_norm is not None:
             scales = (self.q_norm.weight.expand(heads, -1), self.k_norm.weight.expand(kv_heads, -1))
-            qk = rms_normalize(qk, self.q_norm.eps).mul_(torch.cat(scales))
+            qk = scaled(rms_normalize(qk, self.q_norm.eps), torch.cat(scales))
         if rope is not None:
             qk = apply_rope(qk, *rope)
         q, k = qk.split((heads, kv_heads), dim=2)
@@ -195,7 +243,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w12(x).chunk(2, dim=-1)
-        return self.w3(self.act(gate).mul_(up))
+        return self.w3(scaled(self.act(gate), up))
 
 
 class Block(nn.Module):

@@ -99,7 +99,11 @@ def environment(**values: str) -> Iterator[None]:
 
 @contextmanager
 def running_app(
-    checkpoint_dir: Path, detector: str, scratch_root: Path, cache: ModelCache | None = None
+    checkpoint_dir: Path,
+    detector: str,
+    scratch_root: Path,
+    cache: ModelCache | None = None,
+    local: dict[str, dict[str, str]] | None = None,
 ) -> Iterator[Server]:
     """The app on a free 127.0.0.1 port, offline, loading checkpoints from `checkpoint_dir`."""
     settings = {
@@ -111,7 +115,7 @@ def running_app(
     with environment(**settings):
         runtime = Runtime(device="cpu", dtype="fp32", detector=detector, cache=cache)
         scratch = ScratchSpace(scratch_root)
-        demo = app.build_app(runtime, scratch)
+        demo = app.build_app(runtime, scratch, local)
         port = free_port()
         app.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
         try:

@@ -13,7 +13,7 @@ import torch
 from ..detector import Detections
 from ..export import POSE_FRAMES_SUFFIX, write_pose_frames_json, write_pose_json
 from ..images import LoadedImage
-from ..metadata import KeypointMeta, keypoints308
+from ..metadata import KeypointMeta, keypoint_set, keypoints308
 from ..options import ByDevice, Option
 from ..pose import Person, decode_keypoints
 from ..processing import crop_persons
@@ -58,9 +58,13 @@ def _meta_for(names: tuple[str, ...]) -> KeypointMeta:
 
 
 def keypoint_meta(model) -> KeypointMeta:
-    """Keypoint names from the checkpoint's id2label when complete, else the official 308."""
-    labels = model.config.id2label
-    return _meta_for(tuple(labels.get(i, "") for i in range(len(labels))))
+    """Keypoint names from the checkpoint's id2label when complete, else the official 308; a model with
+    another keypoint count (fine-tuned) has its own names, flip pairs and skeleton."""
+    config = model.config
+    names = tuple(config.id2label.get(i, "") for i in range(len(config.id2label)))
+    if len(names) != len(keypoints308().names):
+        return keypoint_set(names, config.flip_pairs or (), config.skeleton or ())
+    return _meta_for(names)
 
 
 def _flip_pairs(model, meta: KeypointMeta) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from ..export import write_segmentation
 from ..images import LoadedImage
 from ..kinds import ModelKind
-from ..metadata import BodyPartMeta, body_parts
+from ..metadata import BodyPartMeta, body_parts, class_set
 from ..options import Option
 from ..postprocess import segmentation_labels
 from ..results import TaskResult
@@ -40,8 +40,12 @@ def body_part_labels(
 
 
 def class_meta(context: PipelineContext) -> BodyPartMeta:
-    """Class names from the checkpoint's id2label when it has all 29, else the official list."""
-    return _meta_for(tuple(context.model().config.id2label.get(i, "") for i in range(29)))
+    """Class names from the checkpoint's id2label when it has all 29, else the official list; a model with
+    other classes (fine-tuned) has its own names and palette."""
+    config = context.model().config
+    if config.num_labels != len(body_parts().names) or config.palette:
+        return class_set(list(config.id2label.values()), config.palette)
+    return _meta_for(tuple(config.id2label.get(i, "") for i in range(config.num_labels)))
 
 
 @functools.lru_cache(maxsize=8)
