@@ -67,6 +67,13 @@ def keypoint_meta(model) -> KeypointMeta:
     return _meta_for(names)
 
 
+def _label_names(model) -> tuple[str, ...]:
+    """The checkpoint's id2label names: the key of its keypoint metadata (complete names replace the
+    official 308's)."""
+    labels = model.config.id2label
+    return tuple(labels.get(i, "") for i in range(len(labels)))
+
+
 def _flip_pairs(model, meta: KeypointMeta) -> torch.Tensor:
     pairs = model.config.flip_pairs or meta.flip_pairs
     return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
@@ -110,7 +117,8 @@ def _crop(context: PipelineContext, photos: Sequence[Photo]) -> None:
 def _keypoints(context: PipelineContext, photos: Sequence[Photo]) -> None:
     """Heatmaps of every person crop of the batch, decoded into each photo's keypoints and scores."""
     model = context.model()
-    meta = keypoint_meta(model)
+    labels = _label_names(model)
+    meta = _meta_for(labels)
     crops = torch.cat([photo.values.pop("crops") for photo in photos])
     context.stage(f"running the model on {len(crops)} person{'s' * (len(crops) != 1)}")
     heatmaps = context.forward(model, crops).heatmaps
@@ -128,11 +136,11 @@ def _keypoints(context: PipelineContext, photos: Sequence[Photo]) -> None:
             None if flipped is None else flipped[people],
         )
         photo.values["keypoints"], photo.values["scores"] = keypoints.cpu().numpy(), scores.cpu().numpy()
-        photo.values["meta"] = meta
+        photo.values["labels"] = labels  # the keypoint metadata's key: names travel lighter than the metadata
 
 
 def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
-    image, found, meta = photo.image, photo.values["detections"], photo.values["meta"]
+    image, found, meta = photo.image, photo.values["detections"], _meta_for(photo.values["labels"])
     persons = _in_photo_pixels(image, found, photo.values["keypoints"], photo.values["scores"])
     options = context.options
     picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])

@@ -48,6 +48,11 @@ def class_meta(context: PipelineContext) -> BodyPartMeta:
     return _meta_for(tuple(config.id2label.get(i, "") for i in range(config.num_labels)))
 
 
+def _label_names(context: PipelineContext) -> tuple[str, ...]:
+    """The checkpoint's id2label names: the key of its class metadata (all 29 replace the official list)."""
+    return tuple(context.model().config.id2label.get(i, "") for i in range(29))
+
+
 @functools.lru_cache(maxsize=8)
 def _meta_for(names: tuple[str, ...]) -> BodyPartMeta:
     meta = body_parts()
@@ -89,13 +94,13 @@ def background_masks(context: PipelineContext, photos: Sequence[Photo]) -> list[
 
 
 def _labels(context: PipelineContext, photos: Sequence[Photo]) -> None:
-    meta = class_meta(context)
+    names = _label_names(context)  # the class metadata's key: names travel lighter than the metadata
     for photo, labels in zip(photos, body_part_labels(context, photos), strict=True):
-        photo.values["labels"], photo.values["meta"] = labels, meta
+        photo.values["labels"], photo.values["names"] = labels, names
 
 
 def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
-    seg, meta = photo.values["labels"], photo.values["meta"]
+    seg, meta = photo.values["labels"], _meta_for(photo.values["names"])
     overlay = overlay_segmentation(photo.image.rgb, seg, meta.palette, context.options["opacity"])
     legend = segmentation_legend(seg, meta)
     present = int((np.bincount(seg.ravel(), minlength=len(meta.names))[1:] > 0).sum())
