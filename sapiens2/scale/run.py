@@ -240,6 +240,8 @@ def _run(args: argparse.Namespace, tasks: Sequence[Task], out: Place) -> int:
     where = f"{_count(nodes, 'node')}, {cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs"
     names = ", ".join(task.name for task in tasks)
     print(f"{names} on {_count(len(photos), 'photo')} with Ray ({where}) -> {args.out}")
+    # Options whose default depends on the device (pose's flip test) take the models' device.
+    option_device = args.device or ("cuda" if cluster.get("GPU", 0) >= 1 else "cpu")
     unreadable: set[str] = set()
     runs = []
     for task in tasks:
@@ -268,7 +270,9 @@ def _run(args: argparse.Namespace, tasks: Sequence[Task], out: Place) -> int:
         job = Job(
             task=task.name,
             repo_id=_local_path(args.model) or task.repo_id(task.size_or_default(args.size)),
-            options=task.coerce_options({k: v for k, v in options.items() if k in names and v is not None}),
+            options=task.coerce_options(
+                {k: v for k, v in options.items() if k in names and v is not None}, option_device
+            ),
             plan=plan,
             out=out,
             filesystems=tuple(filesystems),

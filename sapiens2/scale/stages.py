@@ -204,6 +204,7 @@ def finish_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
     """Each photo's result, its files written, and its row for the tables (pickled, as `record`)."""
     rows = _rows(batch)
     context = _cpu_context(job)
+    context.settings()  # its notes for every photo (a model run at another size than it was built for)
     records = []
     for row in rows:
         if not row.get("error"):
@@ -221,13 +222,16 @@ def finish_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
             except Exception as error:
                 _failed(row, "write", f"Its outputs could not be written: {reason(error)}")
             else:
-                records.append(_record(row, job, result, written, time.perf_counter() - start))
+                seconds = time.perf_counter() - start
+                records.append(_record(row, job, result, context.notes, written, seconds))
                 continue
         records.append(failure(row["label"], job.task, row["stage"], row["error"]))
     return pd.DataFrame({RECORD: [pickle.dumps(record) for record in records]})
 
 
-def _record(row: dict[str, Any], job: Job, result: TaskResult, written: list[str], write_s: float) -> dict:
+def _record(
+    row: dict[str, Any], job: Job, result: TaskResult, notes: list[str], written: list[str], write_s: float
+) -> dict:
     """The photo's row of the predictions table, with what the sink sums."""
     photo: Photo = row["photo"]
     task = job.entry
@@ -240,7 +244,7 @@ def _record(row: dict[str, Any], job: Job, result: TaskResult, written: list[str
         "height": height,
         "persons": result.persons,
         "outputs": [job.out.shown(path) for path in outputs],
-        "notes": list(photo.image.notes) + result.notes,
+        "notes": list(photo.image.notes) + notes + result.notes,
         "model": result.model_id,
         "nodes": row.get("nodes") or [],
         "seconds": {"read": row["read_s"], "decode": row["decode_s"], **photo.seconds, "write": write_s},
