@@ -57,6 +57,10 @@ class PipelineContext:
         """The cached model of `repo_id` (default: the task's checkpoint), loaded on first use."""
         return self.host.model(repo_id or self.repo_id, self.progress)
 
+    def config(self, repo_id: str | None = None) -> Sapiens2Config:
+        """The config of `repo_id` (default: the task's checkpoint), without loading its weights."""
+        return self.host.config(repo_id or self.repo_id)
+
     def settings(self, repo_id: str | None = None, kind: ModelKind | None = None) -> ProcessorSettings:
         """How photos become inputs of `repo_id` (default: the task's checkpoint and kind); a note says so
         when the model was built for another input size."""

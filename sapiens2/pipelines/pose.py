@@ -57,21 +57,13 @@ def _meta_for(names: tuple[str, ...]) -> KeypointMeta:
     return meta.with_names(names) if len(names) == len(meta.names) and all(names) else meta
 
 
-def keypoint_meta(model) -> KeypointMeta:
+def keypoint_meta(config) -> KeypointMeta:
     """Keypoint names from the checkpoint's id2label when complete, else the official 308; a model with
     another keypoint count (fine-tuned) has its own names, flip pairs and skeleton."""
-    config = model.config
     names = tuple(config.id2label.get(i, "") for i in range(len(config.id2label)))
     if len(names) != len(keypoints308().names):
         return keypoint_set(names, config.flip_pairs or (), config.skeleton or ())
     return _meta_for(names)
-
-
-def _label_names(model) -> tuple[str, ...]:
-    """The checkpoint's id2label names: the key of its keypoint metadata (complete names replace the
-    official 308's)."""
-    labels = model.config.id2label
-    return tuple(labels.get(i, "") for i in range(len(labels)))
 
 
 def _flip_pairs(model, meta: KeypointMeta) -> torch.Tensor:
@@ -117,8 +109,7 @@ def _crop(context: PipelineContext, photos: Sequence[Photo]) -> None:
 def _keypoints(context: PipelineContext, photos: Sequence[Photo]) -> None:
     """Heatmaps of every person crop of the batch, decoded into each photo's keypoints and scores."""
     model = context.model()
-    labels = _label_names(model)
-    meta = _meta_for(labels)
+    meta = keypoint_meta(model.config)
     crops = torch.cat([photo.values.pop("crops") for photo in photos])
     context.stage(f"running the model on {len(crops)} person{'s' * (len(crops) != 1)}")
     heatmaps = context.forward(model, crops).heatmaps
@@ -136,11 +127,11 @@ def _keypoints(context: PipelineContext, photos: Sequence[Photo]) -> None:
             None if flipped is None else flipped[people],
         )
         photo.values["keypoints"], photo.values["scores"] = keypoints.cpu().numpy(), scores.cpu().numpy()
-        photo.values["labels"] = labels  # the keypoint metadata's key: names travel lighter than the metadata
 
 
 def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
-    image, found, meta = photo.image, photo.values["detections"], _meta_for(photo.values["labels"])
+    # The metadata from the checkpoint's config: a CPU worker of a cluster reads it without the weights.
+    image, found, meta = photo.image, photo.values["detections"], keypoint_meta(context.config())
     persons = _in_photo_pixels(image, found, photo.values["keypoints"], photo.values["scores"])
     options = context.options
     picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])

@@ -42,15 +42,10 @@ def body_part_labels(
 def class_meta(context: PipelineContext) -> BodyPartMeta:
     """Class names from the checkpoint's id2label when it has all 29, else the official list; a model with
     other classes (fine-tuned) has its own names and palette."""
-    config = context.model().config
+    config = context.config()  # read without the weights where the model is not loaded (a CPU worker)
     if config.num_labels != len(body_parts().names) or config.palette:
         return class_set(list(config.id2label.values()), config.palette)
     return _meta_for(tuple(config.id2label.get(i, "") for i in range(config.num_labels)))
-
-
-def _label_names(context: PipelineContext) -> tuple[str, ...]:
-    """The checkpoint's id2label names: the key of its class metadata (all 29 replace the official list)."""
-    return tuple(context.model().config.id2label.get(i, "") for i in range(29))
 
 
 @functools.lru_cache(maxsize=8)
@@ -94,13 +89,12 @@ def background_masks(context: PipelineContext, photos: Sequence[Photo]) -> list[
 
 
 def _labels(context: PipelineContext, photos: Sequence[Photo]) -> None:
-    names = _label_names(context)  # the class metadata's key: names travel lighter than the metadata
     for photo, labels in zip(photos, body_part_labels(context, photos), strict=True):
-        photo.values["labels"], photo.values["names"] = labels, names
+        photo.values["labels"] = labels
 
 
 def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
-    seg, meta = photo.values["labels"], _meta_for(photo.values["names"])
+    seg, meta = photo.values["labels"], class_meta(context)
     overlay = overlay_segmentation(photo.image.rgb, seg, meta.palette, context.options["opacity"])
     legend = segmentation_legend(seg, meta)
     present = int((np.bincount(seg.ravel(), minlength=len(meta.names))[1:] > 0).sum())
