@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from huggingface_hub.utils import tqdm  # the tqdm that huggingface_hub, a dependency, ships with
@@ -124,16 +124,26 @@ def collect_sources(inputs: Sequence[str], out: Path) -> tuple[list[Source], lis
                 missing.append((label, "No such file or folder." if problem == "No such file." else problem))
     unique = {_real(file): (file, label, relative) for file, label, relative in reversed(found)}
     found = list(reversed(unique.values()))  # a file named twice (alone and in its folder) runs once
+    places = output_places([relative.parts for _, _, relative in found])
+    return [
+        Source(file, label, out.joinpath(*folders), stem)
+        for (file, label, _), (folders, stem) in zip(found, places, strict=True)
+    ], missing
+
+
+def output_places(relatives: Sequence[Sequence[str]]) -> list[tuple[tuple[str, ...], str]]:
+    """For each input's path under its folder (as parts): the output subfolders and the stem its outputs are
+    named after, both made safe; inputs that differ only by extension keep it in their stem."""
     places = []
-    for _, _, relative in found:
-        directory = out.joinpath(*(sanitize_filename(part, "folder") for part in relative.parts[:-1]))
-        places.append((directory, sanitize_filename(relative.stem), relative.name))
-    uses = Counter((directory, stem) for directory, stem, _ in places)
+    for parts in relatives:
+        folders = tuple(sanitize_filename(part, "folder") for part in parts[:-1])
+        places.append((folders, sanitize_filename(PurePath(parts[-1]).stem), parts[-1]))
+    uses = Counter((folders, stem) for folders, stem, _ in places)
     # Inputs that differ only by extension (photo.jpg, photo.png) keep it in their stem, so both are kept.
     return [
-        Source(file, label, directory, stem if uses[directory, stem] == 1 else sanitize_filename(name))
-        for (file, label, _), (directory, stem, name) in zip(found, places, strict=True)
-    ], missing
+        (folders, stem if uses[folders, stem] == 1 else sanitize_filename(name))
+        for folders, stem, name in places
+    ]
 
 
 @dataclass(frozen=True)
@@ -155,9 +165,12 @@ class Plan:
         exports = set(self.export_suffixes(task))
         return {picture.title: picture.suffix for picture in task.pictures if picture.same_as not in exports}
 
+    def image_suffixes(self, task: Task) -> list[str]:
+        """What follows a photo's stem in the names of the files it gets from `task`."""
+        return self.export_suffixes(task) + [f"{s}.png" for s in self.picture_suffixes(task).values()]
+
     def image_outputs(self, task: Task, source: Source) -> list[Path]:
-        suffixes = self.export_suffixes(task) + [f"{s}.png" for s in self.picture_suffixes(task).values()]
-        return [source.directory / f"{source.stem}{suffix}" for suffix in suffixes]
+        return [source.directory / f"{source.stem}{suffix}" for suffix in self.image_suffixes(task)]
 
     def outputs(self, task: Task, source: Source) -> list[Path]:
         """Every file the source is to get from `task`."""
@@ -465,7 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "inputs", nargs="+", metavar="INPUT", help="image or video files, or folders (searched recursively)"
     )
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="output folder (with --ray, also a URI: s3://, gs://)"
+    )
 
     model = parser.add_argument_group("model")
     sizes = all_sizes(TASKS.values())
@@ -523,7 +538,51 @@ def build_parser() -> argparse.ArgumentParser:
         help="webm (VP8: plays in web browsers and desktop players; default) or mp4 (mp4v: several times "
         "faster to write, for long videos on a GPU; desktop players only)",
     )
+
+    cluster = parser.add_argument_group("at scale, on a Ray cluster (pip install -r requirements-scale.txt)")
+    cluster.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run the photos on Ray Data, at ADDRESS (default: $RAY_ADDRESS, else a local cluster); "
+        "inputs and --out may be URIs; adds OUT/predictions/<task>/ and OUT/failures/ (Parquet)",
+    )
+    cluster.add_argument(
+        "--actors",
+        type=_actor_range,
+        metavar="MIN,MAX",
+        help="model actors per model stage, scaled between MIN and MAX (default 1 to one per GPU, or one "
+        "per node without GPUs)",
+    )
+    cluster.add_argument(
+        "--actor-resources",
+        type=_resource_amounts,
+        default={},
+        metavar="NAME=N,...",
+        help="custom Ray resources each model actor reserves (split among a task's model stages)",
+    )
     return parser
+
+
+def _actor_range(text: str) -> tuple[int, int]:
+    parts = [_positive(part) for part in text.split(",")]
+    if len(parts) not in (1, 2) or parts[0] > parts[-1]:
+        raise argparse.ArgumentTypeError(f"expected N or MIN,MAX with MIN <= MAX, got {text!r}")
+    return parts[0], parts[-1]
+
+
+def _resource_amounts(text: str) -> dict[str, float]:
+    amounts = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, amount = item.partition("=")
+        try:
+            amounts[name.strip()] = float(amount)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT,..., got {text!r}") from None
+        if not name.strip() or amounts[name.strip()] <= 0:
+            raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT with a positive amount, got {item!r}")
+    return amounts
 
 
 def _checked_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Task]:
@@ -541,7 +600,13 @@ def _checked_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
             parser.error(f"{flag} is an option of {', '.join(owners)}, not of {', '.join(sorted(chosen))}")
     if not args.pictures and not args.exports:
         parser.error("nothing to write: --no-pictures with --exports none")
-    _check_out(parser, args.out)
+    if args.ray is None and (args.actors or args.actor_resources):
+        parser.error("--actors and --actor-resources size the model stages of --ray")
+    if args.ray is None and "://" in args.out:
+        parser.error("--out is a local folder; URIs are for --ray")
+    if args.ray is None:
+        args.out = Path(args.out)
+        _check_out(parser, args.out)
     if getattr(args, "background_image", None) is not None:
         try:
             args.background_image = load_image(Path(args.background_image))
@@ -607,6 +672,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     tasks = _checked_arguments(parser, args)
+    if args.ray is not None:
+        from .scale import run_on_ray  # Ray is imported only there, and only when installed
+
+        return run_on_ray(parser, args, tasks)
     try:
         runtime = runtime_from_arguments(args, batch_size=args.batch_size)
     except ConfigError as error:

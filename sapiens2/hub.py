@@ -121,6 +121,19 @@ def resolve_checkpoint(
     return _resolve_hub(text, revision, progress)
 
 
+def load_model_config(source: str | os.PathLike[str], revision: str | None = None) -> Sapiens2Config:
+    """The config of `source` without its weights: its config.json alone (fetched alone from the Hub), or
+    the preset of a bare original file."""
+    text = os.fspath(source)
+    path = Path(text).expanduser()
+    directory = _env_repo_dir(text) or (path if path.is_dir() else None)
+    if directory is not None and (directory / CONFIG_NAME).is_file():
+        return _config(ResolvedCheckpoint(directory / CONFIG_NAME, (), text))
+    if directory is None and not path.exists() and _is_repo_id(text):
+        return _config(ResolvedCheckpoint(_fetch(text, CONFIG_NAME, revision, None), (), text))
+    return _config(resolve_checkpoint(source, revision))
+
+
 def processor_config_dir(repo_id: str, revision: str | None = None) -> Path | None:
     """The folder holding `repo_id`'s preprocessor_config.json (fetched if needed), or None if it has none.
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from . import hub
 from .cache import ModelCache, budget_from_env
+from .config import Sapiens2Config
 from .detector import Detections, PersonDetector, YoloPersonDetector
 from .device import dtype_name, resolve_device, resolve_dtype
 from .errors import ConfigError
@@ -59,6 +60,7 @@ class Runtime:
         self._detector: PersonDetector | None = None if by_name else detector
         self._detector_lock = threading.Lock()
         self._settings: dict[str, ProcessorSettings] = {}
+        self._configs: dict[str, Sapiens2Config] = {}
 
     @property
     def device_label(self) -> str:
@@ -74,12 +76,20 @@ class Runtime:
         """The cached model of `repo_id`, loading (and downloading) it on first use."""
         return self.cache.get(repo_id, progress=progress)
 
+    def config(self, repo_id: str) -> Sapiens2Config:
+        """The model's config: the loaded model's, else its config read alone (the weights are not loaded)."""
+        if repo_id in self.cache:
+            return self.model(repo_id).config
+        if repo_id not in self._configs:
+            self._configs[repo_id] = hub.load_model_config(repo_id)
+        return self._configs[repo_id]
+
     def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
         """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults at
         the image size of the model's config (4096x3072 for the 4K backbone, else 1024x768); refused when the
         model cannot take inputs of that size."""
         if repo_id not in self._settings:
-            config = self.model(repo_id).config
+            config = self.config(repo_id)
             directory = hub.processor_config_dir(repo_id)
             if directory is None:
                 settings = ProcessorSettings.for_kind(kind, config.image_size)

@@ -16,9 +16,8 @@ from .options import Option, shown
 if TYPE_CHECKING:
     from .images import LoadedImage
     from .pipelines.context import PipelineContext
+    from .pipelines.steps import Pipeline
     from .results import FrameLog, TaskResult
-
-Runner = Callable[["PipelineContext", "Sequence[LoadedImage]"], "list[TaskResult]"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class Task:
     pictures: tuple[Picture, ...]
     # The files its exports write, after the photo's stem: "_pose.json", "_points.ply", ...
     export_suffixes: tuple[str, ...]
-    runner: Runner
+    pipeline: Pipeline
     in_overview: bool = True
     # Another model some options use: the body-part model masking normals and depth.
     helper: ModelKind | None = None
@@ -53,6 +52,8 @@ class Task:
     frame_log: type[FrameLog] | None = None
     # The title of a 3-D view of each result (TaskResult.viewer writes its file), if the task has one.
     viewer_title: str | None = None
+    # For tables of results (one row per photo): the prediction as named numbers and arrays.
+    columns: Callable[[TaskResult], Mapping[str, Any]] | None = None
 
     @property
     def repos(self) -> dict[str, str]:
@@ -99,7 +100,7 @@ class Task:
 
     def run(self, context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
         """One result per photo, in order."""
-        return self.runner(context, images)
+        return self.pipeline.run(context, images)
 
     def helper_repo_id(self, repo_id: str) -> str | None:
         """The helper model paired with `repo_id` (same size, else the helper's smallest, as for a checkpoint
@@ -167,8 +168,9 @@ def _build_registry() -> dict[str, Task]:
             pose.OPTIONS,
             (Picture("Keypoints", "_pose"),),
             ("_pose.json",),
-            pose.run,
+            pose.PIPELINE,
             frame_log=pose.FramePoses,
+            columns=pose.columns,
         ),
         Task(
             "segment",
@@ -179,7 +181,8 @@ def _build_registry() -> dict[str, Task]:
             segment.OPTIONS,
             (Picture("Body parts", "_segmentation_overlay"), Picture("Legend", "_segmentation_legend")),
             ("_segmentation.png", "_segmentation.npy"),
-            segment.run,
+            segment.PIPELINE,
+            columns=segment.columns,
         ),
         Task(
             "normals",
@@ -190,7 +193,7 @@ def _build_registry() -> dict[str, Task]:
             (background,),
             (Picture("Normals", "_normals"),),
             ("_normals.npy",),
-            normals.run,
+            normals.PIPELINE,
             helper=SEG,
             helper_option="remove_background",
         ),
@@ -203,7 +206,7 @@ def _build_registry() -> dict[str, Task]:
             (background, *depth.OPTIONS),
             (Picture("Depth", "_depth"),),
             ("_depth.npy", "_points.ply"),
-            depth.run,
+            depth.PIPELINE,
             helper=SEG,
             helper_option="remove_background",
             viewer_title="Point cloud (a preview; the full cloud is in Downloads)",
@@ -221,7 +224,7 @@ def _build_registry() -> dict[str, Task]:
                 Picture("Composite", "_composite", same_as="_composite.png"),
             ),
             ("_alpha.png", "_cutout.png", "_composite.png"),
-            matting.run,
+            matting.PIPELINE,
         ),
         Task(
             "features",
@@ -234,8 +237,9 @@ def _build_registry() -> dict[str, Task]:
             (),
             (Picture("Features (PCA)", "_features_pca"),),
             ("_cls.npy", "_patches.npy"),
-            features.run,
+            features.PIPELINE,
             in_overview=False,
+            columns=features.columns,
         ),
     ]
     return {task.name: task for task in tasks}

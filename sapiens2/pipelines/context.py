@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from ..config import Sapiens2Config
 from ..detector import Detections
 from ..images import LoadedImage
 from ..kinds import ModelKind
@@ -36,6 +37,8 @@ class ModelHost(Protocol):
 
     def detect(self, image: LoadedImage) -> Detections: ...
 
+    def config(self, repo_id: str) -> Sapiens2Config: ...
+
 
 @dataclass
 class PipelineContext:
@@ -54,11 +57,15 @@ class PipelineContext:
         """The cached model of `repo_id` (default: the task's checkpoint), loaded on first use."""
         return self.host.model(repo_id or self.repo_id, self.progress)
 
+    def config(self, repo_id: str | None = None) -> Sapiens2Config:
+        """The config of `repo_id` (default: the task's checkpoint), without loading its weights."""
+        return self.host.config(repo_id or self.repo_id)
+
     def settings(self, repo_id: str | None = None, kind: ModelKind | None = None) -> ProcessorSettings:
         """How photos become inputs of `repo_id` (default: the task's checkpoint and kind); a note says so
         when the model was built for another input size."""
         settings = self.host.settings(repo_id or self.repo_id, kind or self.task.kind)
-        built_for = tuple(self.model(repo_id).config.image_size)
+        built_for = tuple(self.host.config(repo_id or self.repo_id).image_size)
         if settings.size != built_for:
             runs, built = f"{settings.height}x{settings.width}", f"{built_for[0]}x{built_for[1]}"
             note = (

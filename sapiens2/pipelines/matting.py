@@ -13,8 +13,9 @@ from ..options import Option
 from ..postprocess import composite, matting_to_image, to_hwc
 from ..results import TaskResult
 from ..visualize import alpha_picture, cutout_on_checkerboard
-from .common import forward_photos, photo_results
+from .common import forward_inputs, resize_step
 from .context import PipelineContext
+from .steps import Photo, Pipeline, Step
 
 OPTIONS = (
     Option("background_color", "Background colour", "color", "#00b140"),
@@ -39,27 +40,31 @@ def _exporter(rgb: np.ndarray, alpha: np.ndarray, blended: np.ndarray):
     return export
 
 
-def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
-    background = _background(context.options)
-    outputs, _ = forward_photos(context, images)
-
-    def make(index: int, image: LoadedImage) -> TaskResult:
+def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    outputs = forward_inputs(context, photos)
+    for index, photo in enumerate(photos):
         part = slice(index, index + 1)
-        foreground, alpha = matting_to_image(
-            outputs.foregrounds[part], outputs.alphas[part], image.original_size
-        )
-        blended = to_hwc(composite(foreground, alpha, background)[0])
-        matte = to_hwc(alpha[0, 0])
-        return TaskResult(
-            task=context.task.name,
-            model_id=context.repo_id,
-            pictures=[
-                ("Alpha", alpha_picture(matte)),
-                ("Cut-out", cutout_on_checkerboard(image.rgb, matte)),
-                ("Composite", blended),
-            ],
-            prediction=matte,
-            exporter=_exporter(image.rgb, matte, blended),
-        )
+        photo.values["foreground"], photo.values["alpha"] = outputs.foregrounds[part], outputs.alphas[part]
 
-    return photo_results(context, images, make)
+
+def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+    image = photo.image
+    foreground, alpha = matting_to_image(
+        photo.values["foreground"], photo.values["alpha"], image.original_size
+    )
+    blended = to_hwc(composite(foreground, alpha, _background(context.options))[0])
+    matte = to_hwc(alpha[0, 0])
+    return TaskResult(
+        task=context.task.name,
+        model_id=context.repo_id,
+        pictures=[
+            ("Alpha", alpha_picture(matte)),
+            ("Cut-out", cutout_on_checkerboard(image.rgb, matte)),
+            ("Composite", blended),
+        ],
+        prediction=matte,
+        exporter=_exporter(image.rgb, matte, blended),
+    )
+
+
+PIPELINE = Pipeline((resize_step(), Step("forward", _forward, uses_model=True)), _finish)
