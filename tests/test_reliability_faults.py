@@ -117,7 +117,9 @@ def test_a_download_cut_halfway_says_so_is_never_cached_and_the_next_request_dow
     hub_cache = tmp_path / "hub"
     with environment(SAPIENS2_CHECKPOINT_DIR=str(tmp_path / "nothing"), HF_HUB_CACHE=str(hub_cache)):
         message = refusal(client, "/features")
-        assert download.calls == [hub.CONFIG_NAME, hub.WEIGHTS_NAME]
+        # The photo is resized first (config and preprocessor config), then the model's weights are fetched.
+        assert download.calls[:2] == [hub.CONFIG_NAME, hub.PROCESSOR_CONFIG_NAME]
+        assert download.calls[-1] == hub.WEIGHTS_NAME and download.calls.count(hub.WEIGHTS_NAME) == 1
         assert repo not in server.runtime.cache
         assert (hub_cache / repo / "model.safetensors.incomplete").is_file()
         assert message == f"The model {repo} could not be downloaded just now. Please try again in a moment."

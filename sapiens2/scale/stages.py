@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import pickle
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -69,18 +68,11 @@ def _cpu_context(job: Job) -> PipelineContext:
 
 
 def _rows(batch: pd.DataFrame) -> list[dict[str, Any]]:
-    rows = batch.to_dict("records")
-    for row in rows:
-        if row.get("photo") is not None:
-            row["photo"] = pickle.loads(row["photo"])
-    return rows
+    return batch.to_dict("records")
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
-    """The rows as a batch; photos travel pickled (as bytes), which Arrow stores as they are."""
-    for row in rows:
-        if row.get("photo") is not None:
-            row["photo"] = pickle.dumps(row["photo"], protocol=pickle.HIGHEST_PROTOCOL)
+    """The rows as a batch of Python objects, which Ray moves between its workers as they are."""
     return pd.DataFrame({name: pd.Series([row.get(name) for row in rows], dtype=object) for name in columns})
 
 
@@ -201,7 +193,7 @@ class ModelStage:
 
 
 def finish_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
-    """Each photo's result, its files written, and its row for the tables (pickled, as `record`)."""
+    """Each photo's result, its files written, and its row for the tables (as `record`)."""
     rows = _rows(batch)
     context = _cpu_context(job)
     context.settings()  # its notes for every photo (a model run at another size than it was built for)
@@ -226,7 +218,7 @@ def finish_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
                 records.append(_record(row, job, result, context.notes, written, seconds))
                 continue
         records.append(failure(row["label"], job.task, row["stage"], row["error"]))
-    return pd.DataFrame({RECORD: [pickle.dumps(record) for record in records]})
+    return pd.DataFrame({RECORD: pd.Series(records, dtype=object)})
 
 
 def _record(

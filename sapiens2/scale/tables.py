@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
 import posixpath
 import uuid
 from collections import Counter
@@ -21,7 +20,7 @@ from ray.data.block import Block, BlockAccessor
 from .storage import Place
 
 PREDICTIONS, FAILURES = "predictions", "failures"
-RECORD = "record"  # the column that carries each finished row, pickled, to the sink
+RECORD = "record"  # the column that carries each finished row to the sink
 ROWS_PER_FILE = 1000  # rows gathered into one Parquet file (fewer when the run is smaller)
 BASE_COLUMNS = pa.schema(
     [
@@ -145,11 +144,8 @@ class TableSink(Datasink):
         return ROWS_PER_FILE
 
     def write(self, blocks: Iterable[Block], ctx: Any) -> Totals:
-        records = [
-            pickle.loads(data)
-            for block in blocks
-            for data in BlockAccessor.for_block(block).to_pandas()[RECORD]
-        ]
+        frames = [BlockAccessor.for_block(block).to_pandas() for block in blocks]
+        records = [record for frame in frames for record in frame[RECORD]]
         photos = [record for record in records if "reason" not in record]
         failures = [record for record in records if "reason" in record]
         totals = Totals(failures=failures)
