@@ -7,15 +7,17 @@ read is reported and skipped; outputs already there are kept unless --overwrite.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import secrets
 import shutil
+import stat
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from huggingface_hub.utils import tqdm  # the tqdm that huggingface_hub, a dependency, ships with
@@ -23,6 +25,7 @@ from huggingface_hub.utils import tqdm  # the tqdm that huggingface_hub, a depen
 from .detector import DetectorError
 from .errors import CheckpointError, ConfigError
 from .export import write_picture
+from .files import file_kind, file_problem
 from .images import ImageInputError, LoadedImage, load_image, sanitize_filename
 from .messages import describe_error, is_expected
 from .options import Option
@@ -44,6 +47,7 @@ from .video import (
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 EXIT_OK, EXIT_NOTHING_SUCCEEDED = 0, 1  # argparse exits with 2 on usage errors
 EXPORT_KINDS = ("json", "png", "npy", "ply")
+NAME_MAX, PATH_MAX = 255, 4095  # bytes of one part of a path and of a whole path (Linux)
 # Errors that concern the task's model or detector rather than one input: the task stops there.
 TASK_ERRORS = (CheckpointError, DetectorError, ConfigError)
 
@@ -69,42 +73,77 @@ def _walk(folder: Path, skip: Path) -> Iterator[Path]:
     """Image and video files under `folder`, sorted, leaving out hidden entries and the `skip` folder."""
     for root, folders, files in os.walk(folder):
         folders[:] = sorted(
-            name for name in folders if not name.startswith(".") and (Path(root) / name).resolve() != skip
+            name for name in folders if not name.startswith(".") and _real(Path(root) / name) != skip
         )
         for name in sorted(files):
             if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS | VIDEO_EXTENSIONS:
                 yield Path(root) / name
 
 
+def _real(path: Path) -> Path:
+    """The path with every link followed as far as it goes; never raises, even on a loop of links."""
+    return Path(os.path.realpath(path))
+
+
+def printable(text: str) -> str:
+    """`text` as any terminal can print it: bytes of a file name that are not UTF-8 shown as \\xNN."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` cannot be read as an input file (a sentence), or None when it is a regular file."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "It is a link to a file that does not exist." if os.path.lexists(path) else "No such file."
+    except OSError as error:
+        return file_problem(error, printable(path.name), "an image or video file")
+    if stat.S_ISREG(mode):
+        return None
+    return f"It is {file_kind(mode)}, not an image or video file."
+
+
 def collect_sources(inputs: Sequence[str], out: Path) -> tuple[list[Source], list[tuple[str, str]]]:
-    """The files named or found under the folders named, with their output places; and inputs not found."""
+    """The files named or found under the folders named, with their output places; and the inputs that
+    cannot be read (missing, a FIFO or device, a loop of links), each with its sentence."""
     found: list[tuple[Path, str, Path]] = []  # (file, label, its path under the output folder)
     missing = []
     for text in inputs:
         path = Path(text).expanduser()
         if path.is_dir():
-            found += [(file, str(file), file.relative_to(path)) for file in _walk(path, out.resolve())]
-        elif path.is_file():
-            found.append((path, text, Path(path.name)))
+            walked = [
+                (file, printable(str(file)), file.relative_to(path)) for file in _walk(path, _real(out))
+            ]
         else:
-            missing.append((text, "No such file or folder."))
-    unique = {file.resolve(): (file, label, relative) for file, label, relative in reversed(found)}
+            walked = [(path, printable(text), Path(path.name))]
+        for file, label, relative in walked:
+            problem = _not_a_file(file)
+            if problem is None:
+                found.append((file, label, relative))
+            else:
+                missing.append((label, "No such file or folder." if problem == "No such file." else problem))
+    unique = {_real(file): (file, label, relative) for file, label, relative in reversed(found)}
     found = list(reversed(unique.values()))  # a file named twice (alone and in its folder) runs once
-    places = []
-    for _, _, relative in found:
-        directory = out.joinpath(*(sanitize_filename(part, "folder") for part in relative.parts[:-1]))
-        places.append((directory, sanitize_filename(relative.stem), relative.name))
-    uses = Counter((directory, stem) for directory, stem, _ in places)
-    # Inputs that differ only by extension (photo.jpg, photo.png) keep it in their stem, so both are kept.
+    places = output_places([relative.parts for _, _, relative in found])
     return [
-        Source(file, label, directory, stem if uses[directory, stem] == 1 else sanitize_filename(name))
-        for (file, label, _), (directory, stem, name) in zip(found, places, strict=True)
+        Source(file, label, out.joinpath(*folders), stem)
+        for (file, label, _), (folders, stem) in zip(found, places, strict=True)
     ], missing
 
 
-def picture_suffix(title: str) -> str:
-    """`_body_parts` for the picture titled "Body parts"."""
-    return "_" + sanitize_filename(title.lower().replace(" ", "_"), "picture")
+def output_places(relatives: Sequence[Sequence[str]]) -> list[tuple[tuple[str, ...], str]]:
+    """For each input's path under its folder (as parts): the output subfolders and the stem its outputs are
+    named after, both made safe; inputs that differ only by extension keep it in their stem."""
+    places = []
+    for parts in relatives:
+        folders = tuple(sanitize_filename(part, "folder") for part in parts[:-1])
+        places.append((folders, sanitize_filename(PurePath(parts[-1]).stem), parts[-1]))
+    uses = Counter((folders, stem) for folders, stem, _ in places)
+    # Inputs that differ only by extension (photo.jpg, photo.png) keep it in their stem, so both are kept.
+    return [
+        (folders, stem if uses[folders, stem] == 1 else sanitize_filename(name))
+        for folders, stem, name in places
+    ]
 
 
 @dataclass(frozen=True)
@@ -114,22 +153,24 @@ class Plan:
     exports: frozenset[str]
     pictures: bool
     overwrite: bool
-    video_format: str = "mp4"
+    video_format: str = "webm"
 
     def export_suffixes(self, task: Task) -> list[str]:
         return [s for s in task.export_suffixes if s.rsplit(".", 1)[-1] in self.exports]
 
     def picture_suffixes(self, task: Task) -> dict[str, str]:
-        """Picture title -> file suffix; a picture that an export writes under the same name is left to it."""
+        """Picture title -> file suffix; a picture whose content an export writes is left to that export."""
         if not self.pictures:
             return {}
-        taken = set(self.export_suffixes(task))
-        named = {title: picture_suffix(title) for title in task.picture_titles}
-        return {title: suffix for title, suffix in named.items() if f"{suffix}.png" not in taken}
+        exports = set(self.export_suffixes(task))
+        return {picture.title: picture.suffix for picture in task.pictures if picture.same_as not in exports}
+
+    def image_suffixes(self, task: Task) -> list[str]:
+        """What follows a photo's stem in the names of the files it gets from `task`."""
+        return self.export_suffixes(task) + [f"{s}.png" for s in self.picture_suffixes(task).values()]
 
     def image_outputs(self, task: Task, source: Source) -> list[Path]:
-        suffixes = self.export_suffixes(task) + [f"{s}.png" for s in self.picture_suffixes(task).values()]
-        return [source.directory / f"{source.stem}{suffix}" for suffix in suffixes]
+        return [source.directory / f"{source.stem}{suffix}" for suffix in self.image_suffixes(task)]
 
     def outputs(self, task: Task, source: Source) -> list[Path]:
         """Every file the source is to get from `task`."""
@@ -225,6 +266,11 @@ class Run:
     def task(self, task: Task, sources: Sequence[Source]) -> None:
         """Run one task on every source that still needs it; a model or detector failure stops the task."""
         readable = [source for source in sources if source.path not in self.unreadable]
+        for source in readable:  # known up front: the model never runs for outputs that cannot be named
+            if any(too_long(path) for path in self.plan.outputs(task, source)):
+                self.unreadable.add(source.path)
+                self.report.fail(source.label, "Its output file names would be too long for this system.")
+        readable = [source for source in readable if source.path not in self.unreadable]
         todo = [source for source in readable if self.plan.pending(task, source)]
         for source in set(readable) - set(todo):
             outputs = self.plan.outputs(task, source)
@@ -368,14 +414,17 @@ def _checked(option: Option):
 def _add_task_option(group: argparse._ArgumentGroup, option: Option, tasks: list[str]) -> None:
     """One flag for a registry option: --name/--no-name for checkboxes, a checked value for the others."""
     where = f"[{', '.join(tasks)}]"
+    default = option.default_text
     if option.kind == "checkbox":
-        state = "on" if option.default else "off"
-        kind = {"action": argparse.BooleanOptionalAction, "help": f"{option.label} (default {state}) {where}"}
+        kind = {
+            "action": argparse.BooleanOptionalAction,
+            "help": f"{option.label} (default {default}) {where}",
+        }
     elif option.kind == "slider":
-        span = f"{option.minimum:g} to {option.maximum:g}, default {option.default:g}"
+        span = f"{option.minimum:g} to {option.maximum:g}, default {default}"
         kind = {"type": _checked(option), "metavar": "X", "help": f"{option.label}: {span} {where}"}
     elif option.kind == "color":
-        text = f"{option.label}: #rrggbb or 'rgb(r, g, b)', default {option.default} {where}"
+        text = f"{option.label}: #rrggbb or 'rgb(r, g, b)', default {default} {where}"
         kind = {"type": _checked(option), "metavar": "COLOUR", "help": text}
     else:
         kind = {"metavar": "IMAGE", "help": f"{option.label} {where}"}
@@ -419,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run Sapiens2 models on photos, folders of photos and videos.",
         epilog=(
             "Outputs: OUT/<input path under its folder, without extension>_<kind>.<ext>; videos give "
-            f"<name>_<task>.mp4 (or .webm){_frame_logs()}. Exit status: 0 when at least one input succeeded "
+            f"<name>_<task>.webm (or .mp4){_frame_logs()}. Exit status: 0 when at least one input succeeded "
             "(or its outputs were already there), 1 when nothing succeeded, 2 for a usage error."
         ),
     )
@@ -429,7 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "inputs", nargs="+", metavar="INPUT", help="image or video files, or folders (searched recursively)"
     )
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="output folder (with --ray, also a URI: s3://, gs://)"
+    )
 
     model = parser.add_argument_group("model")
     sizes = all_sizes(TASKS.values())
@@ -483,10 +534,55 @@ def build_parser() -> argparse.ArgumentParser:
     video.add_argument(
         "--video-format",
         choices=list(VIDEO_FORMATS),
-        default="mp4",
-        help="mp4 (mp4v, fast to write) or webm (VP8, plays in web browsers); default mp4",
+        default="webm",
+        help="webm (VP8: plays in web browsers and desktop players; default) or mp4 (mp4v: several times "
+        "faster to write, for long videos on a GPU; desktop players only)",
+    )
+
+    cluster = parser.add_argument_group("at scale, on a Ray cluster (pip install -r requirements-scale.txt)")
+    cluster.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run the photos on Ray Data, at ADDRESS (default: $RAY_ADDRESS, else a local cluster); "
+        "inputs and --out may be URIs; adds OUT/predictions/<task>/ and OUT/failures/ (Parquet)",
+    )
+    cluster.add_argument(
+        "--actors",
+        type=_actor_range,
+        metavar="MIN,MAX",
+        help="model actors per model stage, scaled between MIN and MAX (default 1 to one per GPU, or one "
+        "per node without GPUs)",
+    )
+    cluster.add_argument(
+        "--actor-resources",
+        type=_resource_amounts,
+        default={},
+        metavar="NAME=N,...",
+        help="custom Ray resources each model actor reserves (split among a task's model stages)",
     )
     return parser
+
+
+def _actor_range(text: str) -> tuple[int, int]:
+    parts = [_positive(part) for part in text.split(",")]
+    if len(parts) not in (1, 2) or parts[0] > parts[-1]:
+        raise argparse.ArgumentTypeError(f"expected N or MIN,MAX with MIN <= MAX, got {text!r}")
+    return parts[0], parts[-1]
+
+
+def _resource_amounts(text: str) -> dict[str, float]:
+    amounts = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, amount = item.partition("=")
+        try:
+            amounts[name.strip()] = float(amount)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT,..., got {text!r}") from None
+        if not name.strip() or amounts[name.strip()] <= 0:
+            raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT with a positive amount, got {item!r}")
+    return amounts
 
 
 def _checked_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Task]:
@@ -504,12 +600,42 @@ def _checked_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
             parser.error(f"{flag} is an option of {', '.join(owners)}, not of {', '.join(sorted(chosen))}")
     if not args.pictures and not args.exports:
         parser.error("nothing to write: --no-pictures with --exports none")
+    if args.ray is None and (args.actors or args.actor_resources):
+        parser.error("--actors and --actor-resources size the model stages of --ray")
+    if args.ray is None and "://" in args.out:
+        parser.error("--out is a local folder; URIs are for --ray")
+    if args.ray is None:
+        args.out = Path(args.out)
+        _check_out(parser, args.out)
     if getattr(args, "background_image", None) is not None:
         try:
             args.background_image = load_image(Path(args.background_image))
         except (ImageInputError, OSError) as error:
             parser.error(f"--background-image: {reason(error)}")
     return tasks
+
+
+def _check_out(parser: argparse.ArgumentParser, out: Path) -> None:
+    """The output folder, made now: a file in its place, a name too long or a folder that cannot be written
+    is a usage error before any model runs."""
+    shown = printable(str(out))
+    try:
+        if out.exists() and not out.is_dir():
+            parser.error(f"--out {shown} is a file, not a folder; choose a folder for the results")
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".sapiens2-write-test-{secrets.token_hex(4)}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            parser.error(f"--out: the folder name is too long for this system ({len(str(out))} characters)")
+        parser.error(f"--out {shown}: the folder cannot be written ({error.strerror or error})")
+
+
+def too_long(path: Path) -> bool:
+    """True when the system cannot name `path`: a part above 255 bytes or the whole above 4095."""
+    encoded = [len(os.fsencode(part)) for part in path.parts]
+    return max(encoded, default=0) > NAME_MAX or len(os.fsencode(str(path))) > PATH_MAX
 
 
 def _count(number: int, word: str) -> str:
@@ -535,9 +661,21 @@ def print_summary(report: Report, seconds: float, out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 1 nothing succeeded, 2 usage error)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # `sapiens2 train TASK ...`: fine-tuning, its own command
+        from .training.cli import main as train
+
+        return train(argv[1:])
+    for stream in (sys.stdout, sys.stderr):  # file names that are not UTF-8 print as \xNN, never crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     tasks = _checked_arguments(parser, args)
+    if args.ray is not None:
+        from .scale import run_on_ray  # Ray is imported only there, and only when installed
+
+        return run_on_ray(parser, args, tasks)
     try:
         runtime = runtime_from_arguments(args, batch_size=args.batch_size)
     except ConfigError as error:

@@ -51,6 +51,11 @@ def _branch(
     return channels, sizes
 
 
+# Padding and output padding of a stride-2 transposed conv for each kernel size the official deconv heads
+# accept: each gives exactly twice the input size.
+DECONV_PADDING: dict[int, tuple[int, int]] = {2: (0, 0), 3: (1, 1), 4: (1, 0)}
+
+
 @dataclass
 class HeadConfig:
     """Decode-head layout: upsampling blocks, refinement convs and the optional pointmap scale branch."""
@@ -72,9 +77,10 @@ class HeadConfig:
 
     @classmethod
     def from_dict(
-        cls, d: Mapping[str, Any], image_size: tuple[int, int], patch_size: tuple[int, int]
+        cls, d: Mapping[str, Any], image_size: tuple[int, int], token_size: tuple[int, int]
     ) -> HeadConfig:
-        """Parse a `head_config` dict, filling kernel sizes and the scale input size as transformers does."""
+        """Parse a `head_config` dict, filling kernel sizes and the scale input size as transformers does
+        (`token_size`: pixels per backbone token)."""
         prefix = "head_config."
         up, up_kernels = _branch(d, "upsample", 4)
         conv, conv_kernels = _branch(d, "conv", 1)
@@ -86,12 +92,18 @@ class HeadConfig:
             )
         final_input = d.get("scale_final_input_size")
         if final_input is None and scale is not None:
-            final_input = _scale_input_size(scale, scale_kernels, image_size, patch_size)
+            final_input = _scale_input_size(scale, scale_kernels, image_size, token_size)
         if final_input is not None and (not isinstance(final_input, int) or final_input <= 0):
             raise ConfigError(f"{prefix}scale_final_input_size: expected a positive int, got {final_input!r}")
         pixel_shuffle = d.get("use_pixel_shuffle")
         if pixel_shuffle is not None and not isinstance(pixel_shuffle, bool):
             raise ConfigError(f"{prefix}use_pixel_shuffle: expected a bool or null, got {pixel_shuffle!r}")
+        unsupported = [k for k in up_kernels or [] if k not in DECONV_PADDING]
+        if not pixel_shuffle and unsupported:
+            raise ConfigError(
+                f"{prefix}upsample_kernel_sizes: {up_kernels!r}; a transposed-conv head doubles the size "
+                f"with kernels of {', '.join(map(str, DECONV_PADDING))} only, as the official heads do"
+            )
         return cls(
             upsample_out_channels=up,
             upsample_kernel_sizes=up_kernels,
@@ -106,10 +118,10 @@ class HeadConfig:
 
 
 def _scale_input_size(
-    channels: list[int], kernels: list[int], image_size: tuple[int, int], patch_size: tuple[int, int]
+    channels: list[int], kernels: list[int], image_size: tuple[int, int], token_size: tuple[int, int]
 ) -> int:
-    """Flattened size after the stride-2 scale convs applied to the patch grid of `image_size`."""
-    height, width = image_size[0] // patch_size[0], image_size[1] // patch_size[1]
+    """Flattened size after the stride-2 scale convs applied to the token grid of `image_size`."""
+    height, width = image_size[0] // token_size[0], image_size[1] // token_size[1]
     for kernel in kernels:
         padding = (kernel - 1) // 2
         height = (height + 2 * padding - kernel) // 2 + 1
@@ -138,10 +150,23 @@ class Sapiens2Config:
     rms_norm_eps: float = 1e-6
     patch_size: tuple[int, int] = (16, 16)
     image_size: tuple[int, int] = (224, 224)
+    # The 4K backbone's hierarchical tokenizer: each window_size x window_size block of patch tokens becomes
+    # one token after num_tokenizer_layers transformer blocks run within the block.
+    use_tokenizer: bool = False
+    window_size: int = 4
+    num_tokenizer_layers: int = 0
     hidden_act: str = "silu"
     num_channels: int = 3
     id2label: dict[int, str] = field(default_factory=lambda: {0: "LABEL_0", 1: "LABEL_1"})
     flip_pairs: list[tuple[int, int]] | None = None
+    semantic_loss_ignore_index: int = 255
+    # A fine-tuned model's keypoint links (0-based) and class colours, written by `sapiens2 train`.
+    skeleton: list[tuple[int, int]] | None = None
+    palette: list[tuple[int, int, int]] | None = None
+    # Training-mode RoPE coordinate augmentation (transformers' defaults).
+    pos_embed_shift: float | None = None
+    pos_embed_jitter: float | None = None
+    pos_embed_rescale: float | None = 2.0
     normalize_backbone_outputs: bool = True
     reshape_hidden_states: bool = True
     return_class_token: bool = False
@@ -161,16 +186,35 @@ class Sapiens2Config:
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def token_size(self) -> tuple[int, int]:
+        """Pixels per token: the patch size, times the tokenizer window when there is a tokenizer."""
+        scale = self.window_size if self.use_tokenizer else 1
+        return self.patch_size[0] * scale, self.patch_size[1] * scale
+
+    def token_grid(self, input_size: tuple[int, int]) -> tuple[int, int]:
+        """(rows, columns) of patch tokens the transformer blocks see for an input of `input_size`."""
+        return input_size[0] // self.token_size[0], input_size[1] // self.token_size[1]
+
+    @property
     def architecture(self) -> str:
         """The model class name this config was saved for."""
         return self.architectures[0]
+
+    def accepts_input_size(self, size: tuple[int, int]) -> bool:
+        """Whether inputs of `size` (height, width) fit the model: any size does, except for a pointmap scale
+        branch, whose dense layer takes the flattened map of the patch grid of `image_size` only."""
+        head = self.head_config
+        if head is None or not head.has_scale_branch:
+            return True
+        channels, kernels = head.scale_conv_out_channels, head.scale_conv_kernel_sizes
+        return _scale_input_size(channels, kernels, size, self.patch_size) == head.scale_final_input_size
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Sapiens2Config:
         """Parse and validate a transformers-style config dict.
 
-        Training-only fields (dropout, drop path, position jitter, init ranges, mask token) and unknown keys
-        are ignored; a supported field with a value this package cannot run raises ConfigError.
+        Training-only fields (dropout, drop path, init ranges, mask token) and unknown keys are ignored; a
+        supported field with a value this package cannot run raises ConfigError.
         """
         if not isinstance(d, Mapping):
             raise ConfigError(f"config: expected a JSON object, got {type(d).__name__}")
@@ -189,6 +233,8 @@ class Sapiens2Config:
         head = get("head_config")
         if head is not None and not isinstance(head, Mapping):
             raise ConfigError(f"head_config: expected an object or null, got {head!r}")
+        use_tokenizer, window, tokenizer_layers = _tokenizer(d)
+        token_size = (patch_size[0] * window, patch_size[1] * window) if use_tokenizer else patch_size
         config = cls(
             hidden_size=hidden,
             intermediate_size=_positive_int(d, "intermediate_size", defaults.intermediate_size),
@@ -207,15 +253,24 @@ class Sapiens2Config:
             rms_norm_eps=_number(d, "rms_norm_eps", defaults.rms_norm_eps),
             patch_size=patch_size,
             image_size=image_size,
+            use_tokenizer=use_tokenizer,
+            window_size=window,
+            num_tokenizer_layers=tokenizer_layers,
             hidden_act=get("hidden_act", defaults.hidden_act),
             num_channels=_positive_int(d, "num_channels", defaults.num_channels),
             id2label=_id2label(d),
             flip_pairs=_flip_pairs(get("flip_pairs")),
+            semantic_loss_ignore_index=_integer(d, "semantic_loss_ignore_index", 255),
+            skeleton=_index_pairs("skeleton", get("skeleton")),
+            palette=_palette(get("palette")),
+            pos_embed_shift=_optional_number(d, "pos_embed_shift", None),
+            pos_embed_jitter=_optional_number(d, "pos_embed_jitter", None),
+            pos_embed_rescale=_optional_number(d, "pos_embed_rescale", 2.0),
             normalize_backbone_outputs=_flag(d, "normalize_backbone_outputs", True),
             reshape_hidden_states=_flag(d, "reshape_hidden_states", True),
             return_class_token=_flag(d, "return_class_token", False),
             out_indices=_out_indices(d, layers),
-            head_config=None if head is None else HeadConfig.from_dict(head, image_size, patch_size),
+            head_config=None if head is None else HeadConfig.from_dict(head, image_size, token_size),
             architectures=list(get("architectures") or ["Sapiens2Model"]),
             dtype=get("dtype", get("torch_dtype")),
         )
@@ -253,11 +308,38 @@ def _count(d: Mapping[str, Any], name: str, default: int) -> int:
     return value
 
 
+def _optional_number(d: Mapping[str, Any], name: str, default: float | None) -> float | None:
+    value = d.get(name, default)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name}: expected a positive number or null, got {value!r}")
+    return float(value)
+
+
+def _integer(d: Mapping[str, Any], name: str, default: int) -> int:
+    value = d.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name}: expected an int, got {value!r}")
+    return value
+
+
 def _flag(d: Mapping[str, Any], name: str, default: bool) -> bool:
     value = d.get(name, default)
     if not isinstance(value, bool):
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
     return value
+
+
+def _tokenizer(d: Mapping[str, Any]) -> tuple[bool, int, int]:
+    """use_tokenizer, window_size and num_tokenizer_layers; the layer count has no default (it depends on
+    the backbone size: 4 for the official 1b-4k)."""
+    if not _flag(d, "use_tokenizer", False):
+        return False, 4, 0
+    window = _positive_int(d, "window_size", 4)
+    if d.get("num_tokenizer_layers") is None:
+        raise ConfigError("num_tokenizer_layers: required with use_tokenizer=true (the official 1b-4k has 4)")
+    return True, window, _positive_int(d, "num_tokenizer_layers", 0)
 
 
 def _kv_heads(d: Mapping[str, Any], layers: int, heads: int) -> list[int]:
@@ -296,14 +378,29 @@ def _id2label(d: Mapping[str, Any]) -> dict[int, str]:
 
 
 def _flip_pairs(value: Any) -> list[tuple[int, int]] | None:
+    return _index_pairs("flip_pairs", value)
+
+
+def _index_pairs(name: str, value: Any) -> list[tuple[int, int]] | None:
     if value is None:
         return None
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(i, int) and i >= 0 for i in p)
         for p in value
     ):
-        raise ConfigError(f"flip_pairs: expected a list of [left, right] index pairs, got {value!r}")
+        raise ConfigError(f"{name}: expected a list of [first, second] index pairs, got {value!r}")
     return [(int(a), int(b)) for a, b in value]
+
+
+def _palette(value: Any) -> list[tuple[int, int, int]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(c, (list, tuple)) and len(c) == 3 and all(isinstance(v, int) and 0 <= v <= 255 for v in c)
+        for c in value
+    ):
+        raise ConfigError(f"palette: expected a list of [r, g, b] colours (0..255), got {value!r}")
+    return [(int(r), int(g), int(b)) for r, g, b in value]
 
 
 def _out_indices(d: Mapping[str, Any], layers: int) -> list[int]:

@@ -181,6 +181,15 @@ class YoloPersonDetector:
             raise DetectorError(f"class {PERSON_CLASS} of {source} is {first!r}, not 'person' as in COCO")
         return model
 
+    def _predict(self, bgr: np.ndarray):
+        # ultralytics lowers torch's thread count for the whole process on its first prediction;
+        # keep the count the Sapiens2 models run with.
+        threads = torch.get_num_threads()
+        try:
+            return self._model.predict(bgr, conf=self.conf, iou=self.iou, device=self.device, verbose=False)
+        finally:
+            torch.set_num_threads(threads)
+
     def detect(self, image_rgb: np.ndarray) -> Detections:
         """Person boxes in an RGB uint8 (H, W, 3) image."""
         if image_rgb.ndim != 3 or image_rgb.shape[2] != 3 or image_rgb.dtype != np.uint8:
@@ -191,15 +200,10 @@ class YoloPersonDetector:
         with self._lock:
             if self._model is None:
                 self._model = self._load()
-            # ultralytics lowers torch's thread count for the whole process on its first prediction;
-            # keep the count the Sapiens2 models run with.
-            threads = torch.get_num_threads()
-            try:
-                result = self._model.predict(
-                    bgr, conf=self.conf, iou=self.iou, device=self.device, verbose=False
-                )
-            finally:
-                torch.set_num_threads(threads)
+                # The first prediction sets ultralytics up and runs with fewer threads (other float sums):
+                # it goes to a blank image, so every photo is detected alike, the first one included.
+                self._predict(np.zeros((64, 64, 3), dtype=np.uint8))
+            result = self._predict(bgr)
         boxes = result[0].boxes
         return select_persons(
             boxes.xyxy.cpu().numpy(),

@@ -6,6 +6,7 @@ under its final name only once complete: it is written to a hidden temporary nam
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -17,12 +18,14 @@ import cv2
 import numpy as np
 
 from sapiens2.detector import Detections
+from sapiens2.errors import OutOfSpaceError
 from sapiens2.pose import Person
 from sapiens2.postprocess import alpha_to_uint8
 
 POSE_FORMAT = "sapiens2-pose"
 POSE_FORMAT_VERSION = 1
 POSE_FRAMES_SUFFIX = "_predictions.json"
+PREVIEW_POINTS = 200_000  # 3 MB of binary PLY: what a browser's 3-D viewer loads without strain
 Writer = Callable[[BinaryIO], None]
 
 
@@ -37,10 +40,25 @@ def _atomic_write(path: Path, write: Writer) -> Path:
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
+    except OSError as error:
+        full = _disk_full(path.parent)  # numpy's writers raise OSError without an errno on a full disk
+        temporary.unlink(missing_ok=True)
+        if full and error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise OutOfSpaceError(errno.ENOSPC, f"no space left on the disk to write {path.name}") from error
+        raise
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
     return path
+
+
+def _disk_full(folder: Path) -> bool:
+    """True when the file system of `folder` has (almost) no room left for an ordinary user."""
+    try:
+        usage = os.statvfs(folder)
+    except OSError:
+        return False
+    return usage.f_bavail * usage.f_frsize < 1024 * 1024
 
 
 def _target(directory: str | os.PathLike, stem: str, suffix: str) -> Path:
@@ -255,13 +273,10 @@ def _ply(points: np.ndarray, colors: np.ndarray) -> Writer:
     return write
 
 
-def write_point_cloud(
-    directory: str | os.PathLike, stem: str, points: np.ndarray, image: np.ndarray, foreground: np.ndarray
-) -> list[Path]:
-    """`{stem}_points.ply`: the foreground pixels' 3-D points (H, W, 3) coloured by the photo (H, W, 3) uint8.
-
-    Points are in the model's camera space; pixels with non-finite coordinates are left out.
-    """
+def _foreground_points(
+    points: np.ndarray, image: np.ndarray, foreground: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The finite foreground points (N, 3) of a pointmap (H, W, 3) and their colours (N, 3) uint8."""
     points = _checked(points, 3, "points")
     image = _checked(image, 3, "image")
     foreground = _checked(foreground, None, "foreground")
@@ -269,9 +284,38 @@ def write_point_cloud(
         raise ValueError("points, a uint8 image and the foreground mask must share their (H, W)")
     keep = (foreground.astype(bool) & np.isfinite(points).all(axis=2)).ravel()
     # np.compress on flat rows is several times faster than boolean indexing of an (H, W, 3) array.
-    xyz = np.compress(keep, points.reshape(-1, 3), axis=0)
-    rgb = np.compress(keep, image.reshape(-1, 3), axis=0)
+    return np.compress(keep, points.reshape(-1, 3), axis=0), np.compress(keep, image.reshape(-1, 3), axis=0)
+
+
+def write_point_cloud(
+    directory: str | os.PathLike, stem: str, points: np.ndarray, image: np.ndarray, foreground: np.ndarray
+) -> list[Path]:
+    """`{stem}_points.ply`: the foreground pixels' 3-D points (H, W, 3) coloured by the photo (H, W, 3) uint8.
+
+    Points are in the model's camera space; pixels with non-finite coordinates are left out.
+    """
+    xyz, rgb = _foreground_points(points, image, foreground)
     return [_atomic_write(_target(directory, stem, "_points.ply"), _ply(xyz, rgb))]
+
+
+def write_point_cloud_preview(
+    directory: str | os.PathLike,
+    stem: str,
+    points: np.ndarray,
+    image: np.ndarray,
+    foreground: np.ndarray,
+    budget: int = PREVIEW_POINTS,
+) -> Path:
+    """`{stem}_points_preview.ply`: at most `budget` of the cloud's points, evenly spread over the photo, for
+    a 3-D viewer: centred on their median and turned from camera space (y down, z away) to a viewer's
+    (y up, z towards the eye), so the person stands upright and faces the viewer."""
+    xyz, rgb = _foreground_points(points, image, foreground)
+    if len(xyz) > budget:
+        chosen = np.linspace(0, len(xyz) - 1, budget).round().astype(np.int64)
+        xyz, rgb = xyz[chosen], rgb[chosen]
+    if len(xyz):
+        xyz = (xyz - np.median(xyz, axis=0)) * np.array([1.0, -1.0, -1.0], dtype=xyz.dtype)
+    return _atomic_write(_target(directory, stem, "_points_preview.ply"), _ply(xyz, rgb))
 
 
 def write_matting(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from sapiens2.config import HeadConfig
+from sapiens2.config import DECONV_PADDING, HeadConfig
 from sapiens2.errors import ConfigError
 from sapiens2.layers import ACTIVATIONS
 
@@ -18,22 +18,26 @@ def _norm_act(channels: int) -> list[nn.Module]:
 
 
 def _conv_stack(
-    in_channels: int, out_channels: list[int], kernel_sizes: list[int], *, stride: int, same_padding: bool
+    in_channels: int, out_channels: list[int], kernel_sizes: list[int], *, stride: int
 ) -> nn.Sequential:
-    """Conv -> InstanceNorm -> SiLU for each output width, chained."""
+    """Conv -> InstanceNorm -> SiLU for each output width, chained; padded by (kernel - 1) // 2, which keeps
+    the size for odd kernels (and loses a pixel for even ones, as in the official heads)."""
     layers: list[nn.Module] = []
     for out, kernel in zip(out_channels, kernel_sizes, strict=True):
-        padding = (kernel - 1) // 2 if same_padding else 0
+        padding = (kernel - 1) // 2
         layers += [nn.Conv2d(in_channels, out, kernel, stride=stride, padding=padding), *_norm_act(out)]
         in_channels = out
     return nn.Sequential(*layers)
 
 
 def _deconv_stack(in_channels: int, out_channels: list[int], kernel_sizes: list[int]) -> nn.Sequential:
-    """Stride-2 transposed conv (no bias) -> InstanceNorm -> SiLU for each output width."""
+    """Stride-2 transposed conv (no bias) doubling the size -> InstanceNorm -> SiLU for each output width."""
     layers: list[nn.Module] = []
     for out, kernel in zip(out_channels, kernel_sizes, strict=True):
-        deconv = nn.ConvTranspose2d(in_channels, out, kernel, stride=2, padding=1, bias=False)
+        padding, output_padding = DECONV_PADDING[kernel]
+        deconv = nn.ConvTranspose2d(
+            in_channels, out, kernel, stride=2, padding=padding, output_padding=output_padding, bias=False
+        )
         layers += [deconv, *_norm_act(out)]
         in_channels = out
     return nn.Sequential(*layers)
@@ -74,11 +78,7 @@ class DecodeHead(nn.Module):
             )
         channels = head.upsample_out_channels[-1] if head.upsample_out_channels else in_channels
         stages["conv_layers"] = _conv_stack(
-            channels,
-            head.conv_out_channels,
-            head.conv_kernel_sizes,
-            stride=1,
-            same_padding=head.use_pixel_shuffle,
+            channels, head.conv_out_channels, head.conv_kernel_sizes, stride=1
         )
         channels = head.conv_out_channels[-1] if head.conv_out_channels else channels
         stages[predictor_name] = nn.Conv2d(channels, out_channels, 1)
@@ -101,11 +101,7 @@ class PointmapHead(DecodeHead):
             self.scale_conv_layers = self.scale_final_layer = None
             return
         self.scale_conv_layers = _conv_stack(
-            in_channels,
-            head.scale_conv_out_channels,
-            head.scale_conv_kernel_sizes,
-            stride=2,
-            same_padding=True,
+            in_channels, head.scale_conv_out_channels, head.scale_conv_kernel_sizes, stride=2
         )
         act = ACTIVATIONS[activation]
         first, second = head.scale_final_hidden_sizes

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
+from huggingface_hub import HfApi, hf_hub_download, try_to_load_from_cache
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -27,11 +26,12 @@ from huggingface_hub.utils import httpx
 from huggingface_hub.utils import tqdm as hub_tqdm
 from torch import nn
 
-from sapiens2 import presets
+from sapiens2 import hub_access, presets
 from sapiens2.config import Sapiens2Config, load_config
 from sapiens2.device import resolve_device, resolve_dtype
 from sapiens2.errors import CheckpointDownloadError, CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.models import build_model
+from sapiens2.progress import Progress
 from sapiens2.weights import listed, read_state_dict
 
 CHECKPOINT_DIR_ENV = "SAPIENS2_CHECKPOINT_DIR"
@@ -39,7 +39,6 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 PROCESSOR_CONFIG_NAME = "preprocessor_config.json"
-Progress = Callable[[float, str], None]
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")
@@ -72,8 +71,8 @@ def from_pretrained(
 
     Defaults: CUDA when available, else the CPU; bfloat16 on CUDA and on CPUs with native bf16, else
     float32 (`sapiens2.device.choose_dtype`). `progress(fraction, text)` is called while files download
-    and while weights load, each stage running its fraction from 0 to 1. On the CPU, weights already
-    stored in the requested dtype stay memory-mapped: do not rewrite the file while in use.
+    and while weights load, each stage running its fraction from 0 to 1. On the CPU, weights are copied
+    into memory (never memory-mapped), so the file may change on disk while in use.
     """
     target = resolve_device(device)
     dtype = resolve_dtype(dtype, target)
@@ -103,8 +102,9 @@ def resolve_checkpoint(
     """Find (downloading if needed) the files of `source`.
 
     A repo id is looked up first in $SAPIENS2_CHECKPOINT_DIR/<repo id>/, then in the Hugging Face cache or on
-    the Hub (HF_HUB_OFFLINE, HF_TOKEN and `revision` honoured); otherwise `source` is a directory holding
-    config.json and model.safetensors (or a sharded index), or an original sapiens2_<size>_<task>.safetensors.
+    the Hub (HF_HUB_OFFLINE, HF_TOKEN and `revision` honoured), where an official repo without config.json
+    is read from its original file; otherwise `source` is a directory holding config.json and
+    model.safetensors (or a sharded index), or an original sapiens2_<size>_<task>.safetensors.
     """
     text = os.fspath(source)
     local = _env_repo_dir(text)
@@ -120,6 +120,19 @@ def resolve_checkpoint(
     if not _is_repo_id(text):
         raise CheckpointNotFoundError(f"{text}: no such file or directory")
     return _resolve_hub(text, revision, progress)
+
+
+def load_model_config(source: str | os.PathLike[str], revision: str | None = None) -> Sapiens2Config:
+    """The config of `source` without its weights: its config.json alone (fetched alone from the Hub), or
+    the preset of a bare original file."""
+    text = os.fspath(source)
+    path = Path(text).expanduser()
+    directory = _env_repo_dir(text) or (path if path.is_dir() else None)
+    if directory is not None and (directory / CONFIG_NAME).is_file():
+        return _config(ResolvedCheckpoint(directory / CONFIG_NAME, (), text))
+    if directory is None and not path.exists() and _is_repo_id(text):
+        return _config(ResolvedCheckpoint(_fetch(text, CONFIG_NAME, revision, None), (), text))
+    return _config(resolve_checkpoint(source, revision))
 
 
 def processor_config_dir(repo_id: str, revision: str | None = None) -> Path | None:
@@ -146,14 +159,17 @@ def checkpoint_download_size(repo_id: str, revision: str | None = None) -> int |
     """Bytes still to download for `repo_id`: 0 when local or cached, None when unknown (offline, no Hub)."""
     if _env_repo_dir(repo_id) is not None or _is_cached(repo_id, revision):
         return 0
-    if _offline():
+    if hub_access.local_only():
         return None
     try:
         info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
     except (HfHubHTTPError, httpx.HTTPError, OSError, ValueError):
         return None
     sizes = {sibling.rfilename: sibling.size or 0 for sibling in info.siblings or []}
-    if WEIGHTS_NAME in sizes:
+    original = presets.original_file_name(repo_id)
+    if CONFIG_NAME not in sizes and original in sizes:
+        wanted = [original]
+    elif WEIGHTS_NAME in sizes:
         wanted = [CONFIG_NAME, WEIGHTS_NAME]
     else:
         wanted = [CONFIG_NAME, INDEX_NAME, *(name for name in sizes if _SHARD.fullmatch(name))]
@@ -167,6 +183,12 @@ def use_checkpoint_dir(directory: str | os.PathLike[str]) -> Path:
         raise ConfigError(f"the checkpoint folder {directory} does not exist or is not a folder")
     os.environ[CHECKPOINT_DIR_ENV] = str(path)
     return path
+
+
+def display_name(source: str | os.PathLike[str]) -> str:
+    """A repo id as it is; a local folder or file by its own name only: messages show no server path."""
+    text = os.fspath(source)
+    return text if _is_repo_id(text) else Path(text).name or text
 
 
 # ---- resolution -------------------------------------------------------------------------------------------
@@ -184,18 +206,27 @@ def _env_repo_dir(repo_id: str) -> Path | None:
     return directory if directory.is_dir() else None
 
 
-def _fill_hint(repo_id: str) -> str:
-    root = os.environ.get(CHECKPOINT_DIR_ENV)
-    where = f"{CHECKPOINT_DIR_ENV}={root}" if root else f"{CHECKPOINT_DIR_ENV} is not set"
+def offline_instructions(repo_id: str) -> str:
+    """How to run `repo_id` without the Hub, in plain words: no brackets, server paths or markup, so that a
+    web page shows it as written and it tells nothing about the server."""
     return (
-        f"To load it without the Hub, set {CHECKPOINT_DIR_ENV}=<dir> and put {CONFIG_NAME} + {WEIGHTS_NAME} "
-        f"in <dir>/{repo_id}/ ({where})."
+        f"To run without the Hub, download it on a machine with internet access (hf download {repo_id} "
+        f"--local-dir checkpoints/{repo_id}), copy the checkpoints folder here and start with "
+        f"--checkpoint-dir checkpoints (or {CHECKPOINT_DIR_ENV}=checkpoints) and HF_HUB_OFFLINE=1."
     )
+
+
+def _fill_hint(repo_id: str) -> str:
+    looked = "It is not in the checkpoint folder either. " if os.environ.get(CHECKPOINT_DIR_ENV) else ""
+    return looked + offline_instructions(repo_id)
 
 
 def _resolve_directory(directory: Path, repo_id: str | None = None) -> ResolvedCheckpoint:
     config = directory / CONFIG_NAME
     if not config.is_file():
+        original = presets.original_file_name(repo_id) if repo_id else None
+        if original and (directory / original).is_file():
+            return ResolvedCheckpoint(None, (directory / original,), repo_id)
         raise CheckpointNotFoundError(f"{directory}: no {CONFIG_NAME}")
     if (directory / WEIGHTS_NAME).is_file():
         return ResolvedCheckpoint(config, (directory / WEIGHTS_NAME,), repo_id)
@@ -218,7 +249,18 @@ def _shard_names(index: Path) -> list[str]:
 
 
 def _resolve_hub(repo_id: str, revision: str | None, progress: Progress | None) -> ResolvedCheckpoint:
-    config = _fetch(repo_id, CONFIG_NAME, revision, progress)
+    """config.json and model.safetensors (or its shards); for an official repo without config.json, its
+    original file (sapiens2_<size>_<task>.safetensors), configured by the built-in preset."""
+    try:
+        config = _fetch(repo_id, CONFIG_NAME, revision, progress)
+    except CheckpointNotFoundError as no_config:
+        original = presets.original_file_name(repo_id)
+        if original is None:
+            raise
+        try:
+            return ResolvedCheckpoint(None, (_fetch(repo_id, original, revision, progress),), repo_id)
+        except CheckpointNotFoundError:
+            raise no_config from None
     try:
         return ResolvedCheckpoint(config, (_fetch(repo_id, WEIGHTS_NAME, revision, progress),), repo_id)
     except CheckpointNotFoundError as single_file_error:
@@ -228,12 +270,6 @@ def _resolve_hub(repo_id: str, revision: str | None, progress: Progress | None) 
             raise single_file_error from None
     shards = tuple(_fetch(repo_id, name, revision, progress) for name in _shard_names(index))
     return ResolvedCheckpoint(config, shards, repo_id)
-
-
-def _offline() -> bool:
-    """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
-    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-    return flag or constants.HF_HUB_OFFLINE
 
 
 def _hub_cache_dir() -> str | None:
@@ -255,7 +291,7 @@ def _fetch(repo_id: str, filename: str, revision: str | None, progress: Progress
                 filename,
                 revision=revision,
                 cache_dir=_hub_cache_dir(),
-                local_files_only=_offline(),
+                local_files_only=hub_access.local_only(),
                 tqdm_class=_progress_bar(progress, f"{repo_id}/{filename}") if progress else None,
             )
         )
@@ -274,11 +310,13 @@ def _fetch(repo_id: str, filename: str, revision: str | None, progress: Progress
     except RemoteEntryNotFoundError as error:
         raise CheckpointNotFoundError(f"{at} has no file {filename}") from error
     except LocalEntryNotFoundError as error:
-        if _offline():
-            reason = "is not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids downloading it"
+        if hub_access.offline():
+            reason = "is not on this machine, and HF_HUB_OFFLINE=1 forbids downloading it"
+        elif not hub_access.reachable():
+            reason = "is not on this machine, and the Hugging Face Hub cannot be reached from it"
         else:
-            cause = error.__cause__ or error
-            reason = f"could not be downloaded (no connection?) nor found in the cache: {cause}"
+            hub_access.mark_unreachable()  # the next files fail at once instead of waiting on the network
+            reason = "could not be downloaded (the connection failed) nor found in the Hugging Face cache"
         raise CheckpointNotFoundError(f"{at}: {filename} {reason}. {_fill_hint(repo_id)}") from error
     except HfHubHTTPError as error:
         status = error.response.status_code
@@ -315,9 +353,11 @@ def _cached_file(repo_id: str, filename: str, revision: str | None) -> Path | No
 
 
 def _is_cached(repo_id: str, revision: str | None) -> bool:
-    """Whether the config and every weight file of `repo_id` are in the Hugging Face cache."""
+    """Whether the config and every weight file of `repo_id` (or its original file) are in the Hugging Face
+    cache."""
     if _cached_file(repo_id, CONFIG_NAME, revision) is None:
-        return False
+        original = presets.original_file_name(repo_id)
+        return original is not None and _cached_file(repo_id, original, revision) is not None
     if _cached_file(repo_id, WEIGHTS_NAME, revision) is not None:
         return True
     index = _cached_file(repo_id, INDEX_NAME, revision)

@@ -24,13 +24,12 @@ import cv2
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-from sapiens2.errors import ConfigError, Sapiens2Error
+from sapiens2.errors import ConfigError, LimitError, Sapiens2Error
+from sapiens2.files import file_problem, open_regular
+from sapiens2.limits import Limits, too_large_unknown
 
 DEFAULT_MAX_SIDE = 4096
 MIN_SIDE = 32
-# Pillow's default decompression-bomb limit (Image.MAX_IMAGE_PIXELS, about 89 megapixels), enforced here
-# from the header before any decoding, even if a caller relaxes Pillow's global setting.
-MAX_PIXELS = 89_478_485
 SUPPORTED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF")
 MAX_SIDE_ENV = "SAPIENS2_MAX_SIDE"
 
@@ -151,20 +150,20 @@ def _note(notes: list[str], text: str) -> None:
 
 
 def _check_size(width: int, height: int) -> None:
-    if width * height > MAX_PIXELS:
-        raise _too_large(f"{width}x{height} pixels ({width * height / 1e6:.0f} megapixels)")
+    """The request limits (sapiens2.limits), checked from the header before any pixel is decoded."""
     if min(width, height) < MIN_SIDE:
         raise ImageInputError(
             f"The image is too small ({width}x{height} pixels). Please send an image at least "
             f"{MIN_SIDE} pixels wide and {MIN_SIDE} pixels high."
         )
+    try:
+        Limits.from_env().check_image(width, height)
+    except LimitError as error:
+        raise ImageInputError(str(error)) from None
 
 
-def _too_large(what: str) -> ImageInputError:
-    return ImageInputError(
-        f"The image is too large: {what} is above the limit of {MAX_PIXELS / 1e6:.0f} megapixels. "
-        "Please resize it and try again."
-    )
+def _too_large() -> ImageInputError:
+    return ImageInputError(str(too_large_unknown(Limits.from_env().megapixels)))
 
 
 def _from_stream(source: Any, notes: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -192,15 +191,11 @@ def _open_path(source: str | os.PathLike) -> IO[bytes]:
         )
     shown = sanitize_filename(path, default="(no name)")
     try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise ImageInputError(f"No file named '{shown}' was found. Please check the name.") from None
-    except IsADirectoryError:
-        raise ImageInputError(f"'{shown}' is a folder, not an image file.") from None
+        return open_regular(path)
     except ValueError:
         raise ImageInputError("The file name is not valid (it contains a NUL character).") from None
     except OSError as exc:
-        raise ImageInputError(f"The file '{shown}' could not be read ({exc.strerror or 'error'}).") from None
+        raise ImageInputError(file_problem(exc, shown, "an image file")) from None
 
 
 def _decode(stream: IO[bytes], notes: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -253,11 +248,13 @@ def _unsupported(name: str) -> ImageInputError:
 
 
 def _decode_error(exc: BaseException) -> ImageInputError:
-    if isinstance(exc, Image.DecompressionBombError):
-        return _too_large("its size")
+    text = str(exc)
+    # Pillow's own bomb check, and its limits on compressed text and colour-profile chunks (zTXt, iTXt, iCCP).
+    if isinstance(exc, Image.DecompressionBombError) or "too large" in text or "Too much memory" in text:
+        return _too_large()
     if isinstance(exc, MemoryError):
         return ImageInputError("There is not enough memory to open this image. Please send a smaller image.")
-    if isinstance(exc, EOFError) or "truncated" in str(exc).lower():
+    if isinstance(exc, EOFError) or "truncated" in text.lower():
         return ImageInputError(
             "The image file is incomplete: it ends before all of its pixels (often an interrupted "
             "upload or copy). Please upload it again."

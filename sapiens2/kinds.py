@@ -19,7 +19,8 @@ from sapiens2 import metadata
 from sapiens2.errors import ConfigError
 
 HUB_ORGANIZATION = "facebook"
-BACKBONE_SIZES = ("0.1b", "0.4b", "0.8b", "1b", "5b")
+# "1b-4k": the 1b backbone with the 4K hierarchical tokenizer, trained at 4096x3072.
+BACKBONE_SIZES = ("0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b")
 
 
 @dataclass(frozen=True, eq=False)

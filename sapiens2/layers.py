@@ -58,7 +58,7 @@ def linear_mul(x: Tensor, other: Tensor, weight: Tensor, bias: Tensor | None = N
     """F.linear(x, weight, bias) * other, for `other` of the output's shape."""
     if _onednn(x) and other.dtype == x.dtype and other.is_contiguous():
         return torch.ops.mkldnn._linear_pointwise.binary(x, other, weight, bias, "mul")
-    return F.linear(x, weight, bias).mul_(other)
+    return scaled(F.linear(x, weight, bias), other)
 
 
 def linear_add(x: Tensor, other: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -73,6 +73,13 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias)
+
+
+def scaled(x: Tensor, scale: Tensor) -> Tensor:
+    """x * scale, written into x (a temporary) when autograd records nothing, to save memory."""
+    if torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad):
+        return x * scale
+    return x.mul_(scale)
 
 
 def rms_normalize(x: Tensor, eps: float) -> Tensor:
@@ -99,7 +106,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_normalize(x, self.eps).mul_(self.weight)
+        return scaled(rms_normalize(x, self.eps), self.weight)
 
 
 class LayerScale(nn.Module):
@@ -127,6 +134,56 @@ class PatchEmbed(nn.Module):
 
 
 @lru_cache(maxsize=16)
+def patch_coordinates(grid: tuple[int, int], device: torch.device) -> Tensor:
+    """Patch centres (h * w, 2) as (y, x), each axis placed separately on [-1, 1]."""
+    with torch.inference_mode(False):
+        height, width = grid
+        ys = torch.arange(0.5, height, dtype=torch.float32, device=device) / height
+        xs = torch.arange(0.5, width, dtype=torch.float32, device=device) / width
+        return 2.0 * torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1) - 1.0
+
+
+def augment_coordinates(
+    coords: Tensor, shift: float | None = None, jitter: float | None = None, rescale: float | None = None
+) -> Tensor:
+    """Training-time RoPE augmentation: coordinates (N, 2) shifted by U(-shift, shift) per axis, scaled by
+    a log-uniform factor in [1/jitter, jitter] per axis and by one in [1/rescale, rescale] for both; each
+    draw from torch's default generator, in that order."""
+    if shift is not None:
+        coords = coords + torch.empty(1, 2, device=coords.device).uniform_(-shift, shift)
+    if jitter is not None:
+        coords = (
+            coords
+            * torch.empty(1, 2, device=coords.device).uniform_(-math.log(jitter), math.log(jitter)).exp()
+        )
+    if rescale is not None:
+        coords = (
+            coords
+            * torch.empty(1, device=coords.device).uniform_(-math.log(rescale), math.log(rescale)).exp()
+        )
+    return coords
+
+
+def rope_tables_at(
+    coords: Tensor, head_dim: int, theta: float, num_prefix: int, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """cos and signed-sin tables (tokens, head_dim) of the 2D RoPE at patch coordinates (N, 2) (y, x);
+    identity on the prefix tokens.
+
+    Each quarter of the head channels rotates with one frequency of one axis, in the layout [y, x, y, x].
+    """
+    inv_freq = 1 / theta ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=coords.device)
+    angles = (2 * math.pi * coords[:, :, None] * inv_freq).flatten(1, 2).tile(2)
+    cos, sin = angles.cos(), angles.sin()
+    half = head_dim // 2
+    # rotate_half(x) * sin == swap_halves(x) * [-sin, sin], so the sign lives in the table.
+    sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    cos = torch.cat((cos.new_ones(num_prefix, head_dim), cos))
+    sin = torch.cat((sin.new_zeros(num_prefix, head_dim), sin))
+    return cos.to(dtype), sin.to(dtype)
+
+
+@lru_cache(maxsize=16)
 def rope_tables(
     grid: tuple[int, int],
     head_dim: int,
@@ -135,26 +192,9 @@ def rope_tables(
     dtype: torch.dtype,
     device: torch.device,
 ) -> tuple[Tensor, Tensor]:
-    """cos and signed-sin tables (tokens, head_dim) of the 2D RoPE; identity on the prefix tokens.
-
-    Patch centres are placed on [-1, 1] separately along height and width; each quarter of the head
-    channels rotates with one frequency of one axis, in the layout [y, x, y, x].
-    """
+    """`rope_tables_at` the patch centres of `grid`, cached."""
     with torch.inference_mode(False):
-        height, width = grid
-        inv_freq = 1 / theta ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=device)
-        ys = torch.arange(0.5, height, dtype=torch.float32, device=device) / height
-        xs = torch.arange(0.5, width, dtype=torch.float32, device=device) / width
-        coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)
-        coords = 2.0 * coords - 1.0
-        angles = (2 * math.pi * coords[:, :, None] * inv_freq).flatten(1, 2).tile(2)
-        cos, sin = angles.cos(), angles.sin()
-        half = head_dim // 2
-        # rotate_half(x) * sin == swap_halves(x) * [-sin, sin], so the sign lives in the table.
-        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        cos = torch.cat((cos.new_ones(num_prefix, head_dim), cos))
-        sin = torch.cat((sin.new_zeros(num_prefix, head_dim), sin))
-        return cos.to(dtype), sin.to(dtype)
+        return rope_tables_at(patch_coordinates(grid, device), head_dim, theta, num_prefix, dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -196,7 +236,9 @@ class Attention(nn.Module):
 
     The q, k and v projections keep their own parameters (`wq`, `wk`, `wv`, the checkpoints' names), stored
     side by side in one tensor so that inference runs them as one GEMM without copying them (see
-    `fuse_projections`); when gradients are recorded they are stacked on each call instead.
+    `fuse_projections`); while gradients are recorded they run as three GEMMs, so that no stacked copy of the
+    weights is kept for the backward pass. Without `layer_scale` the output is not scaled (no `gamma`); called
+    without RoPE tables, no position is encoded (the 4K tokenizer's blocks).
     """
 
     def __init__(
@@ -211,6 +253,7 @@ class Attention(nn.Module):
         key_bias: bool = True,
         value_bias: bool = True,
         proj_bias: bool = True,
+        layer_scale: bool = True,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -223,7 +266,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else None
         self.proj = Linear(dim, dim, bias=proj_bias)
-        self.gamma = LayerScale(dim)
+        self.gamma = LayerScale(dim) if layer_scale else None
         self._fused: tuple[Tensor, Tensor | None] | None = None
         self._fused_pointers: tuple[int, ...] = ()
         self.register_load_state_dict_post_hook(_fuse_after_load)
@@ -263,30 +306,51 @@ class Attention(nn.Module):
         self.fuse_projections()
 
     def qkv_projection(self) -> tuple[Tensor, Tensor | None]:
-        """Weight and bias of q, k and v as one projection: the fused tensors when no gradient is recorded
-        for them and the parameters are still views of them, else stacked now (a differentiable copy)."""
+        """Weight and bias of q, k and v as one projection: the fused tensors while the parameters are still
+        views of them, else stacked now."""
         tensors = self._projection_tensors()
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return stacked_projection(self.wq, self.wk, self.wv)
         if torch.compiler.is_compiling() or tuple(t.data_ptr() for t in tensors) == self._fused_pointers:
             return self._fused
         return stacked_projection(self.wq, self.wk, self.wv)  # a parameter was replaced since fusing
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], residual: Tensor | None = None) -> Tensor:
+    def qkv(self, x: Tensor) -> Tensor:
+        """q, k and v of x, concatenated on the last dimension."""
+        layers = (self.wq, self.wk, self.wv)
+        if torch.is_grad_enabled() and (
+            x.requires_grad or any(t.requires_grad for t in self._projection_tensors())
+        ):
+            return torch.cat([F.linear(x, layer.weight, layer.bias) for layer in layers], dim=-1)
+        return linear(x, *self.qkv_projection())
+
+    def forward(
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None, residual: Tensor | None = None
+    ) -> Tensor:
         """The attention branch gamma * proj(attention), added to `residual` when given."""
         batch, tokens, dim = x.shape
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = linear(x, *self.qkv_projection()).view(batch, tokens, heads + 2 * kv_heads, self.head_dim)
+        qkv = self.qkv(x).view(batch, tokens, heads + 2 * kv_heads, self.head_dim)
         qk, v = qkv.transpose(1, 2).split((heads + kv_heads, kv_heads), dim=1)
-        q_rope = k_rope = rope
         if self.q_norm is not None:
-            # q and k are normalized together; each norm's scale rides in its own RoPE tables.
             qk = rms_normalize(qk, self.q_norm.eps)
-            q_rope, k_rope = scaled_rope(*rope, self.q_norm.weight), scaled_rope(*rope, self.k_norm.weight)
         q, k = qk.split((heads, kv_heads), dim=1)
-        q, k = apply_rope(q, *q_rope), apply_rope(k, *k_rope)
+        if rope is not None:
+            q_rope = k_rope = rope
+            if self.q_norm is not None:
+                # q and k are normalized together; each norm's scale rides in its own RoPE tables.
+                q_rope, k_rope = (
+                    scaled_rope(*rope, self.q_norm.weight),
+                    scaled_rope(*rope, self.k_norm.weight),
+                )
+            q, k = apply_rope(q, *q_rope), apply_rope(k, *k_rope)
+        elif self.q_norm is not None:
+            q, k = q * self.q_norm.weight, k * self.k_norm.weight
         out = F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != heads)
-        projected = self.proj(out.transpose(1, 2).reshape(batch, tokens, dim))
+        out = out.transpose(1, 2).reshape(batch, tokens, dim)
+        if self.gamma is None:
+            if residual is None:
+                return self.proj(out)
+            return linear_add(out, residual, self.proj.weight, self.proj.bias)
+        projected = self.proj(out)
         if residual is None:
             return self.gamma(projected)
         return torch.addcmul(residual, projected, self.gamma.weight)
@@ -323,6 +387,6 @@ class Block(nn.Module):
         self.ln2 = RMSNorm(dim, eps)
         self.ffn = ffn
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
         x = self.attn(self.ln1(x), rope, residual=x)
         return self.ffn(self.ln2(x), residual=x)

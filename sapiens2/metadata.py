@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import colorsys
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
@@ -78,3 +79,38 @@ def body_parts() -> BodyPartMeta:
     """The 29 body-part classes of Sapiens2 segmentation with the official palette."""
     data = json.loads((_DATA / "body_parts.json").read_text())
     return BodyPartMeta(names=tuple(data["names"]), palette=_colors(data["palette"]))
+
+
+def palette(count: int) -> tuple[RGB, ...]:
+    """`count` distinct colours: the body-part palette's first ones, then evenly spread hues."""
+    colours = list(body_parts().palette[:count])
+    for index in range(len(colours), count):
+        hue = (index * 0.618034) % 1.0
+        colours.append(_hsv_to_rgb(hue, 0.78, 0.9))
+    return tuple(colours)
+
+
+def _hsv_to_rgb(hue: float, saturation: float, value: float) -> RGB:
+    red, green, blue = colorsys.hsv_to_rgb(hue, saturation, value)
+    return round(255 * red), round(255 * green), round(255 * blue)
+
+
+def keypoint_set(
+    names: Sequence[str], flip_pairs: Sequence[Sequence[int]] = (), links: Sequence[Sequence[int]] = ()
+) -> KeypointMeta:
+    """Metadata of a keypoint set other than the 308 (a fine-tuned model's), coloured from `palette`."""
+    colours = palette(max(len(names), len(links)))
+    return KeypointMeta(
+        names=tuple(str(name) for name in names),
+        flip_pairs=_pairs([list(pair) for pair in flip_pairs]),
+        links=_pairs([list(link) for link in links]),
+        link_colors=colours[: len(links)],
+        keypoint_colors=colours[: len(names)],
+        groups=MappingProxyType({}),
+    )
+
+
+def class_set(names: Sequence[str], colours: Sequence[Sequence[int]] | None = None) -> BodyPartMeta:
+    """Metadata of segmentation classes other than the 29 body parts (a fine-tuned model's)."""
+    colours = palette(len(names)) if colours is None else _colors([list(colour) for colour in colours])
+    return BodyPartMeta(names=tuple(str(name) for name in names), palette=tuple(colours))

@@ -6,8 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sapiens2 import losses
 from sapiens2.backbone import VisionTransformer
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import ConfigError
@@ -32,39 +34,47 @@ class Sapiens2BackboneOutput:
 
 @dataclass
 class Sapiens2PoseEstimatorOutput:
-    """Keypoint heatmaps (B, K, H/4, W/4) for 308 keypoints at the official resolution."""
+    """Keypoint heatmaps (B, K, H/4, W/4) for 308 keypoints at the official resolution; the loss when
+    labels were given."""
 
     heatmaps: Tensor
+    loss: Tensor | None = None
 
 
 @dataclass
 class Sapiens2SemanticSegmenterOutput:
-    """Per-class logits (B, num_labels, H, W)."""
+    """Per-class logits (B, num_labels, H, W); the loss when labels were given."""
 
     logits: Tensor
+    loss: Tensor | None = None
 
 
 @dataclass
 class Sapiens2NormalEstimatorOutput:
-    """Raw (unnormalized) surface normals (B, 3, H, W)."""
+    """Raw (unnormalized) surface normals (B, 3, H, W); the loss when labels were given."""
 
     normals: Tensor
+    loss: Tensor | None = None
 
 
 @dataclass
 class Sapiens2PointmapEstimatorOutput:
-    """Per-pixel XYZ (B, 3, H, W) and the canonical / actual focal length ratio (B, 1), if predicted."""
+    """Per-pixel XYZ (B, 3, H, W) and the canonical / actual focal length ratio (B, 1), if predicted; the
+    loss when labels were given."""
 
     pointmaps: Tensor
     scales: Tensor | None
+    loss: Tensor | None = None
 
 
 @dataclass
 class Sapiens2ImageMattingOutput:
-    """Alpha matte (B, 1, H, W) and premultiplied RGB foreground (B, 3, H, W), both in [0, 1]."""
+    """Alpha matte (B, 1, H, W) and premultiplied RGB foreground (B, 3, H, W), both in [0, 1]; the loss when
+    labels were given."""
 
     alphas: Tensor
     foregrounds: Tensor
+    loss: Tensor | None = None
 
 
 class Sapiens2Model(VisionTransformer):
@@ -93,10 +103,10 @@ class Sapiens2Backbone(VisionTransformer):
             return_class_token = config.return_class_token
         x, rope, grid = self.embed(pixel_values)
         stages = {0: x} if 0 in config.out_indices else {}
-        for index, block in enumerate(self.blocks[: max(config.out_indices)], start=1):
-            x = block(x, rope)
-            if index in config.out_indices:
-                stages[index] = x
+        for index in range(max(config.out_indices)):
+            x = self.run_block(index, x, rope)
+            if index + 1 in config.out_indices:
+                stages[index + 1] = x
         selected = [stages[i] for i in config.out_indices]
         if config.normalize_backbone_outputs:
             selected = [self.ln1(h) for h in selected]
@@ -144,13 +154,22 @@ class Sapiens2ForPoseEstimation(DenseTaskModel):
     predictor_name = "conv_pose"
 
     def forward(
-        self, pixel_values: Tensor, flip_pairs: Tensor | Sequence[Sequence[int]] | None = None
+        self,
+        pixel_values: Tensor,
+        flip_pairs: Tensor | Sequence[Sequence[int]] | None = None,
+        labels: Tensor | None = None,
+        label_weights: Tensor | None = None,
     ) -> Sapiens2PoseEstimatorOutput:
-        """Heatmaps; with `flip_pairs`, the input is taken as mirrored and the heatmaps are flipped back."""
+        """Heatmaps; with `flip_pairs`, the input is taken as mirrored and the heatmaps are flipped back.
+
+        With target heatmaps `labels` (B, K, h, w), the loss is their masked MSE with `label_weights`
+        (visibility, broadcastable to the labels: (B, K, 1, 1) or (B, K, h, w)).
+        """
         heatmaps = self.decode_head(self.features(pixel_values))
         if flip_pairs is not None:
             heatmaps = flip_back(heatmaps, flip_pairs)
-        return Sapiens2PoseEstimatorOutput(heatmaps=heatmaps)
+        loss = None if labels is None else losses.pose_loss(heatmaps, labels, label_weights)
+        return Sapiens2PoseEstimatorOutput(heatmaps=heatmaps, loss=loss)
 
 
 class Sapiens2ForSemanticSegmentation(DenseTaskModel):
@@ -158,8 +177,16 @@ class Sapiens2ForSemanticSegmentation(DenseTaskModel):
 
     predictor_name = "conv_seg"
 
-    def forward(self, pixel_values: Tensor) -> Sapiens2SemanticSegmenterOutput:
-        return Sapiens2SemanticSegmenterOutput(logits=self.decode_head(self.features(pixel_values)))
+    def forward(self, pixel_values: Tensor, labels: Tensor | None = None) -> Sapiens2SemanticSegmenterOutput:
+        """Logits; with class ids `labels` (B, H, W), the cross-entropy of the logits upsampled to them, the
+        label `config.semantic_loss_ignore_index` left out."""
+        if labels is not None and self.config.num_labels == 1:
+            raise ValueError("The number of labels should be greater than one")
+        logits = self.decode_head(self.features(pixel_values))
+        loss = None
+        if labels is not None:
+            loss = losses.segmentation_loss(logits, labels, self.config.semantic_loss_ignore_index)
+        return Sapiens2SemanticSegmenterOutput(logits=logits, loss=loss)
 
 
 class Sapiens2ForNormalEstimation(DenseTaskModel):
@@ -167,8 +194,18 @@ class Sapiens2ForNormalEstimation(DenseTaskModel):
 
     predictor_name = "conv_normal"
 
-    def forward(self, pixel_values: Tensor) -> Sapiens2NormalEstimatorOutput:
-        return Sapiens2NormalEstimatorOutput(normals=self.decode_head(self.features(pixel_values)))
+    def forward(
+        self, pixel_values: Tensor, labels: Tensor | None = None, label_weights: Tensor | None = None
+    ) -> Sapiens2NormalEstimatorOutput:
+        """Normals; with target normals `labels` (B, 3, H, W), the official recipe's loss over the labelled
+        pixels `label_weights` (B, 1, H, W) (default: where the labels are finite and not zero)."""
+        normals = self.decode_head(self.features(pixel_values))
+        loss = None
+        if labels is not None:
+            mask = _label_mask(labels, label_weights, labels.norm(dim=1, keepdim=True) > 0)
+            targets = torch.where(mask > 0, F.normalize(labels.float(), dim=1), 0)
+            loss = _total(losses.normal_recipe(normals, targets, mask))
+        return Sapiens2NormalEstimatorOutput(normals=normals, loss=loss)
 
 
 class Sapiens2ForPointmapEstimation(DenseTaskModel):
@@ -178,9 +215,31 @@ class Sapiens2ForPointmapEstimation(DenseTaskModel):
         """The pointmap decoder with its focal-scale branch, if configured."""
         return PointmapHead(config.hidden_size, config.num_labels, config.head_config, config.hidden_act)
 
-    def forward(self, pixel_values: Tensor) -> Sapiens2PointmapEstimatorOutput:
+    def forward(
+        self,
+        pixel_values: Tensor,
+        labels: Tensor | None = None,
+        label_weights: Tensor | None = None,
+        intrinsics: Tensor | None = None,
+        scale_labels: Tensor | None = None,
+    ) -> Sapiens2PointmapEstimatorOutput:
+        """Pointmaps and scales; with canonical target pointmaps `labels` (B, 3, H, W), the official recipe's
+        loss over the labelled pixels `label_weights` (B, 1, H, W) (default: finite labels with Z > 0).
+
+        `intrinsics` (B, 3, 3) are the camera matrices of the labels' pixels (default: fitted to the labels);
+        `scale_labels` (B, 1) the canonical / actual focal length ratios (default: 768 / fx).
+        """
         pointmaps, scales = self.decode_head(self.features(pixel_values))
-        return Sapiens2PointmapEstimatorOutput(pointmaps=pointmaps, scales=scales)
+        loss = None
+        if labels is not None:
+            mask = _label_mask(labels, label_weights, labels[:, 2:] > 0)
+            targets = torch.where(mask > 0, labels.float(), 0)
+            if intrinsics is None:
+                intrinsics = losses.fit_intrinsics(targets, mask)
+            if scale_labels is None:
+                scale_labels = losses.CANONICAL_FOCAL_LENGTH / intrinsics[:, 0, 0:1]
+            loss = _total(losses.pointmap_recipe(pointmaps, scales, targets, mask, intrinsics, scale_labels))
+        return Sapiens2PointmapEstimatorOutput(pointmaps=pointmaps, scales=scales, loss=loss)
 
 
 class Sapiens2ForImageMatting(DenseTaskModel):
@@ -194,9 +253,30 @@ class Sapiens2ForImageMatting(DenseTaskModel):
             raise ConfigError(f"id2label: matting predicts 4 channels (RGB + alpha), got {config.num_labels}")
         return super().build_head(config)
 
-    def forward(self, pixel_values: Tensor) -> Sapiens2ImageMattingOutput:
+    def forward(
+        self, pixel_values: Tensor, labels: Tensor | None = None, images: Tensor | None = None
+    ) -> Sapiens2ImageMattingOutput:
+        """Alphas and foregrounds; with `labels` (B, 4, H, W), premultiplied RGB foreground then alpha in
+        [0, 1], the loss of `losses.matting_recipe` (its composition term needs the `images` (B, 3, H, W)
+        in [0, 1] that the inputs were made from)."""
         matting = self.decode_head(self.features(pixel_values)).sigmoid()
-        return Sapiens2ImageMattingOutput(alphas=matting[:, 3:], foregrounds=matting[:, :3])
+        alphas, foregrounds = matting[:, 3:], matting[:, :3]
+        loss = None
+        if labels is not None:
+            loss = _total(losses.matting_recipe(alphas, foregrounds, labels.float(), images))
+        return Sapiens2ImageMattingOutput(alphas=alphas, foregrounds=foregrounds, loss=loss)
+
+
+def _label_mask(labels: Tensor, label_weights: Tensor | None, default: Tensor) -> Tensor:
+    """The float mask (B, 1, H, W) of labelled pixels: `label_weights`, else `default`; never where a label
+    is not finite."""
+    mask = default if label_weights is None else label_weights > 0
+    return (mask & labels.isfinite().all(dim=1, keepdim=True)).float()
+
+
+def _total(terms: dict[str, Tensor]) -> Tensor:
+    """The sum of a recipe's weighted terms."""
+    return torch.stack(list(terms.values())).sum()
 
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {

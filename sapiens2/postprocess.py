@@ -201,18 +201,48 @@ def normals_to_image(
     return _photo_maps(unit, source_size, settings, size)
 
 
+# The official pointmap demo's smoothing, applied only when the map is enlarged: 4 passes of a 3x3 Gaussian
+# of sigma 0.8 (in pixels of the map), the borders mirrored.
+SMOOTHING_PASSES = 4
+SMOOTHING_SIGMA = 0.8
+
+
+def smooth_maps(
+    maps: torch.Tensor, passes: int = SMOOTHING_PASSES, sigma: float = SMOOTHING_SIGMA
+) -> torch.Tensor:
+    """`passes` 3x3 Gaussian blurs of maps (B, C, H, W), each padded by mirroring (reflect: the edge pixel is
+    not repeated); H and W must be at least 2."""
+    offsets = torch.tensor([-1.0, 0.0, 1.0], dtype=maps.dtype, device=maps.device)
+    taps = torch.exp(-0.5 * (offsets / sigma) ** 2)
+    taps = taps / taps.sum()
+    channels = maps.shape[1]
+    kernel = (taps[:, None] * taps[None, :]).expand(channels, 1, 3, 3)
+    for _ in range(passes):
+        maps = F.conv2d(F.pad(maps, (1, 1, 1, 1), mode="reflect"), kernel, groups=channels)
+    return maps
+
+
 def pointmap_to_image(
     pointmaps: torch.Tensor,
     scales: torch.Tensor | None,
     source_size: Size,
     settings: ProcessorSettings,
     size: Size | None = None,
+    smooth: bool = False,
 ) -> torch.Tensor:
     """Per-pixel XYZ (B, 3, H, W) of a photo: pointmaps divided by the predicted scales (B, 1), unpadded,
-    then resized to `size` (default: the photo size)."""
+    then resized to `size` (default: the photo size).
+
+    With `smooth`, maps that are enlarged on either side are first blurred by `smooth_maps`, as the official
+    pointmap demo does before its pictures and point clouds.
+    """
     if scales is not None:
         pointmaps = pointmaps / scales[:, :, None, None]
-    return _photo_maps(pointmaps, source_size, settings, size)
+    maps = unpad(pointmaps, source_size, settings)
+    size = size or source_size
+    if smooth and (size[0] > maps.shape[-2] or size[1] > maps.shape[-1]):
+        maps = smooth_maps(maps)
+    return resize_maps(maps, size)
 
 
 def matting_to_image(

@@ -59,9 +59,11 @@ class ProcessorSettings:
         return self.height, self.width
 
     @classmethod
-    def for_kind(cls, kind: ModelKind) -> ProcessorSettings:
-        """Built-in settings of a model kind: 1024x768, ImageNet statistics, padding where the kind pads."""
-        return cls(do_pad=kind.padded)
+    def for_kind(cls, kind: ModelKind, size: Size | None = None) -> ProcessorSettings:
+        """Built-in settings of a model kind: `size` (default 1024x768), ImageNet statistics, padding where
+        the kind pads."""
+        height, width = size or (cls.height, cls.width)
+        return cls(height=height, width=width, do_pad=kind.padded)
 
     @classmethod
     def from_config(cls, config: dict) -> ProcessorSettings:
@@ -90,13 +92,16 @@ class ProcessorSettings:
         return settings
 
     @classmethod
-    def from_pretrained_dir(cls, path: str | Path, kind: ModelKind | None = None) -> ProcessorSettings:
-        """Settings from `path`/preprocessor_config.json, or the kind's built-in ones when there is none."""
+    def from_pretrained_dir(
+        cls, path: str | Path, kind: ModelKind | None = None, size: Size | None = None
+    ) -> ProcessorSettings:
+        """Settings from `path`/preprocessor_config.json, or the kind's built-in ones at `size` when there is
+        none."""
         config_path = Path(path) / "preprocessor_config.json"
         if not config_path.is_file():
             if kind is None:
                 raise ConfigError(f"{config_path} does not exist and no model kind was given for defaults")
-            return cls.for_kind(kind)
+            return cls.for_kind(kind, size)
         try:
             config = json.loads(config_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

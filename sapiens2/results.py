@@ -64,6 +64,7 @@ class TaskResult:
     notes: list[str] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
     persons: int | None = None  # persons the detector found, for tasks that detect them
+    viewer: Callable[[Path, str], Path] | None = None  # writes the file a 3-D viewer shows, if any
     device: str = "cpu"
     dtype: str = "fp32"
 
@@ -82,7 +83,13 @@ class TaskResult:
         """Write the task's files (JSON, PNG, .npy, .ply) into `directory`, named after `stem`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        return self.exporter(directory, stem)
+        before = set(directory.iterdir())
+        try:
+            return self.exporter(directory, stem)
+        except BaseException:  # every file or none: those written before a failure (a full disk) go
+            for path in set(directory.iterdir()) - before:
+                path.unlink(missing_ok=True)
+            raise
 
 
 class FrameLog(ABC):

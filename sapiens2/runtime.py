@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -13,17 +13,20 @@ from torch import nn
 
 from . import hub
 from .cache import ModelCache, budget_from_env
+from .config import Sapiens2Config
 from .detector import Detections, PersonDetector, YoloPersonDetector
 from .device import choose_dtype, dtype_name, resolve_device
 from .errors import ConfigError
 from .images import LoadedImage, load_image
+from .jobs import check_cancelled
 from .kinds import ModelKind
+from .options import Option
 from .pipelines.context import PipelineContext
 from .processing import ProcessorSettings
+from .progress import Progress, within
 from .results import TaskResult
 from .tasks import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
 
-Progress = Callable[[float, str], None]
 DEFAULT_BATCH_SIZE = 8
 COMPILE_ENV = "SAPIENS2_COMPILE"
 
@@ -74,6 +77,7 @@ class Runtime:
         self._detector: PersonDetector | None = None if by_name else detector
         self._detector_lock = threading.Lock()
         self._settings: dict[str, ProcessorSettings] = {}
+        self._configs: dict[str, Sapiens2Config] = {}
 
     @property
     def device_label(self) -> str:
@@ -89,14 +93,33 @@ class Runtime:
         """The cached model of `repo_id`, loading (and downloading) it on first use."""
         return self.cache.get(repo_id, progress=progress)
 
+    def config(self, repo_id: str) -> Sapiens2Config:
+        """The model's config: the loaded model's, else its config read alone (the weights are not loaded)."""
+        if repo_id in self.cache:
+            return self.model(repo_id).config
+        if repo_id not in self._configs:
+            self._configs[repo_id] = hub.load_model_config(repo_id)
+        return self._configs[repo_id]
+
     def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
-        """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults."""
+        """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults at
+        the image size of the model's config (4096x3072 for the 4K backbone, else 1024x768); refused when the
+        model cannot take inputs of that size."""
         if repo_id not in self._settings:
+            config = self.config(repo_id)
             directory = hub.processor_config_dir(repo_id)
             if directory is None:
-                self._settings[repo_id] = ProcessorSettings.for_kind(kind)
+                settings = ProcessorSettings.for_kind(kind, config.image_size)
             else:
-                self._settings[repo_id] = ProcessorSettings.from_pretrained_dir(directory, kind)
+                settings = ProcessorSettings.from_pretrained_dir(directory, kind, config.image_size)
+            if not config.accepts_input_size(settings.size):
+                built, asked = _size_text(config.image_size), _size_text(settings.size)
+                raise ConfigError(
+                    f"{hub.display_name(repo_id)} was built for {built} inputs (image_size in its "
+                    f"config.json) and cannot run at the {asked} that its preprocessor_config.json asks for. "
+                    "Make the two sizes agree."
+                )
+            self._settings[repo_id] = settings
         return self._settings[repo_id]
 
     def detect(self, image: LoadedImage) -> Detections:
@@ -113,6 +136,7 @@ class Runtime:
         chunks = []
         with torch.inference_mode():
             for start in range(0, len(pixel_values), self.batch_size):
+                check_cancelled()  # a cancelled request stops here, between batches
                 batch = pixel_values[start : start + self.batch_size].to(self.device, self.dtype)
                 chunks.append(model(batch, **kwargs))
         if self.device.type == "cuda":
@@ -120,6 +144,10 @@ class Runtime:
         return _concatenated(chunks)
 
     # ---- what the app and the command line call ------------------------------------------------------
+
+    def options(self, task: str) -> tuple[Option, ...]:
+        """The options of `task` with their defaults for this runtime's device."""
+        return get_task(task).options_on(self.device)
 
     def run(
         self,
@@ -151,11 +179,11 @@ class Runtime:
         entry = get_task(task)
         loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
         context = PipelineContext(
-            self, entry, model or entry.repo_id(size), entry.coerce_options(options), progress
+            self, entry, model or entry.repo_id(size), entry.coerce_options(options, self.device), progress
         )
         results = entry.run(context, loaded)
         for image, result in zip(loaded, results, strict=True):
-            result.notes = list(image.notes) + result.notes
+            result.notes = list(image.notes) + context.notes + result.notes
             result.device, result.dtype = self.device_label, self.dtype_label
         return results
 
@@ -166,8 +194,10 @@ class Runtime:
         loaded = image if isinstance(image, LoadedImage) else load_image(image)
         results = []
         for index, name in enumerate(ALL_TASKS):
+            check_cancelled()
             task = TASKS[name]
-            step = _sub_progress(progress, index, len(ALL_TASKS), task.title)
+            count = len(ALL_TASKS)
+            step = within(progress, index / count, (index + 1) / count, f"{task.title}: ")
             results.append(self.run(name, loaded, size=task.size_or_default(size), progress=step))
         return results
 
@@ -191,10 +221,8 @@ class Runtime:
         return "First use downloads " + " and ".join(lines) + "; later runs reuse it."
 
 
-def _sub_progress(progress: Progress | None, index: int, count: int, title: str) -> Progress | None:
-    if progress is None:
-        return None
-    return lambda fraction, text: progress((index + fraction) / count, f"{title}: {text}")
+def _size_text(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
 
 
 def _concatenated(chunks: Sequence[Any]) -> Any:

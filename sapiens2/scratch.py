@@ -29,8 +29,10 @@ class ScratchSpace:
         self._lock = threading.Lock()
 
     def new_folder(self) -> Path:
-        """A new empty folder; the oldest folders beyond `keep` are deleted first."""
+        """A new empty folder; the oldest folders beyond `keep` are deleted first. The root is made again
+        when something (a temporary-file cleaner) deleted it."""
         with self._lock:
+            self.root.mkdir(parents=True, exist_ok=True)
             self._prune(self.keep - 1)
             folder = self.root / f"{time.time_ns():020d}-{next(self._counter):06d}"
             folder.mkdir()
@@ -38,11 +40,29 @@ class ScratchSpace:
 
     def folders(self) -> list[Path]:
         """Folders held now, oldest first."""
-        return sorted(path for path in self.root.iterdir() if path.is_dir())
+        try:
+            return sorted(path for path in self.root.iterdir() if path.is_dir())
+        except FileNotFoundError:
+            return []
 
     def size_bytes(self) -> int:
         """Bytes of every file under the root."""
-        return sum(path.stat().st_size for path in self.root.rglob("*") if path.is_file())
+        return self.folder_bytes(self.root)
+
+    @staticmethod
+    def folder_bytes(folder: Path) -> int:
+        """Bytes of every file under `folder` (0 when it is gone)."""
+        total = 0
+        for path in Path(folder).rglob("*"):
+            try:
+                total += path.lstat().st_size if path.is_file() else 0
+            except OSError:  # deleted meanwhile
+                pass
+        return total
+
+    def discard(self, folder: Path) -> None:
+        """Delete one folder handed out before."""
+        shutil.rmtree(folder, ignore_errors=True)
 
     def remove(self) -> None:
         """Delete the root and everything in it."""

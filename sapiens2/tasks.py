@@ -9,15 +9,25 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .errors import RequestError
 from .kinds import MATTING, NORMAL, POINTMAP, POSE, PRETRAIN, SEG, ModelKind
-from .options import Option
+from .options import Option, shown
 
 if TYPE_CHECKING:
     from .images import LoadedImage
     from .pipelines.context import PipelineContext
+    from .pipelines.steps import Pipeline
     from .results import FrameLog, TaskResult
 
-Runner = Callable[["PipelineContext", "Sequence[LoadedImage]"], "list[TaskResult]"]
+
+@dataclass(frozen=True)
+class Picture:
+    """A picture a task draws: its title, the file it is saved as (the photo's stem, `suffix`, ".png"), and
+    the export that already holds what it shows, if one does (then only that export is written)."""
+
+    title: str
+    suffix: str
+    same_as: str | None = None
 
 
 @dataclass(frozen=True)
@@ -30,21 +40,29 @@ class Task:
     kind: ModelKind
     default_size: str
     options: tuple[Option, ...]
-    picture_titles: tuple[str, ...]
+    pictures: tuple[Picture, ...]
     # The files its exports write, after the photo's stem: "_pose.json", "_points.ply", ...
     export_suffixes: tuple[str, ...]
-    runner: Runner
+    pipeline: Pipeline
     in_overview: bool = True
     # Another model some options use: the body-part model masking normals and depth.
     helper: ModelKind | None = None
     helper_option: str | None = None
     # For videos: a record of every frame written beside the video (pose: the official demo's JSON).
-    frame_log: Callable[[], FrameLog] | None = None
+    frame_log: type[FrameLog] | None = None
+    # The title of a 3-D view of each result (TaskResult.viewer writes its file), if the task has one.
+    viewer_title: str | None = None
+    # For tables of results (one row per photo): the prediction as named numbers and arrays.
+    columns: Callable[[TaskResult], Mapping[str, Any]] | None = None
 
     @property
     def repos(self) -> dict[str, str]:
         """Official checkpoint repo id per model size, smallest first."""
         return {size: self.kind.repo_id(size) for size in self.kind.sizes}
+
+    @property
+    def picture_titles(self) -> tuple[str, ...]:
+        return tuple(picture.title for picture in self.pictures)
 
     @property
     def export_kinds(self) -> tuple[str, ...]:
@@ -54,25 +72,35 @@ class Task:
     def repo_id(self, size: str | None) -> str:
         """The checkpoint for `size` (default: the task's default size); unknown sizes are refused."""
         size = size or self.default_size
+        if not isinstance(size, str) or not size.isprintable() or len(size) > 16:
+            raise RequestError(f"Option 'size' must be one of {', '.join(self.repos)}, not {shown(size)}.")
         if size not in self.repos:
-            raise ValueError(f"{self.title} has no {size} model; choose one of {', '.join(self.repos)}.")
+            raise RequestError(f"{self.title} has no {size} model; choose one of {', '.join(self.repos)}.")
         return self.repos[size]
 
-    def size_or_default(self, size: str | None) -> str:
+    def size_or_default(self, size: Any) -> str:
         """`size` when this task has a model of that size, else the task's default size."""
+        if size is not None and not isinstance(size, str):
+            raise RequestError(f"Option 'size' must be a model size such as 0.4b or 1b, not {shown(size)}.")
         return size if size in self.repos else self.default_size
 
-    def coerce_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Every option of the task, from `values` where given, else its default; unknown names refused."""
-        known = {option.name: option for option in self.options}
-        unknown = sorted(set(values) - set(known))
+    def options_on(self, device: torch.device | str) -> tuple[Option, ...]:
+        """The task's options with the defaults that depend on the device settled for `device`."""
+        return tuple(option.on_device(device) for option in self.options)
+
+    def coerce_options(self, values: Mapping[str, Any], device: torch.device | str = "cpu") -> dict[str, Any]:
+        """Every option of the task, from `values` where given, else its default for models running on
+        `device` (the CPU unless given); unknown names refused."""
+        known = {option.name: option for option in self.options_on(device)}
+        unknown = sorted(map(str, set(values) - set(known)))
         if unknown:
-            raise ValueError(f"{self.title} has no option {', '.join(unknown)}; it takes {', '.join(known)}.")
+            names = ", ".join(shown(name) for name in unknown)
+            raise RequestError(f"{self.title} has no option {names}; it takes {', '.join(known)}.")
         return {name: option.coerce(values.get(name)) for name, option in known.items()}
 
     def run(self, context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
         """One result per photo, in order."""
-        return self.runner(context, images)
+        return self.pipeline.run(context, images)
 
     def helper_repo_id(self, repo_id: str) -> str | None:
         """The helper model paired with `repo_id` (same size, else the helper's smallest, as for a checkpoint
@@ -123,7 +151,7 @@ def model_bytes_estimate(repo_id: str, dtype: torch.dtype) -> int | None:
 def all_sizes(tasks: Iterable[Task]) -> list[str]:
     """Every model size of `tasks`, smallest first."""
     sizes = {size for task in tasks for size in task.repos}
-    return sorted(sizes, key=lambda size: float(size.rstrip("b")))
+    return sorted(sizes, key=lambda size: (float(size.split("b")[0]), size))
 
 
 def _build_registry() -> dict[str, Task]:
@@ -138,10 +166,11 @@ def _build_registry() -> dict[str, Task]:
             POSE,
             "0.4b",
             pose.OPTIONS,
-            ("Keypoints",),
+            (Picture("Keypoints", "_pose"),),
             ("_pose.json",),
-            pose.run,
+            pose.PIPELINE,
             frame_log=pose.FramePoses,
+            columns=pose.columns,
         ),
         Task(
             "segment",
@@ -150,9 +179,10 @@ def _build_registry() -> dict[str, Task]:
             SEG,
             "0.4b",
             segment.OPTIONS,
-            ("Body parts", "Legend"),
+            (Picture("Body parts", "_segmentation_overlay"), Picture("Legend", "_segmentation_legend")),
             ("_segmentation.png", "_segmentation.npy"),
-            segment.run,
+            segment.PIPELINE,
+            columns=segment.columns,
         ),
         Task(
             "normals",
@@ -161,9 +191,9 @@ def _build_registry() -> dict[str, Task]:
             NORMAL,
             "0.4b",
             (background,),
-            ("Normals",),
+            (Picture("Normals", "_normals"),),
             ("_normals.npy",),
-            normals.run,
+            normals.PIPELINE,
             helper=SEG,
             helper_option="remove_background",
         ),
@@ -173,12 +203,13 @@ def _build_registry() -> dict[str, Task]:
             "Per-pixel 3D points (pointmap), shown as depth and as a point cloud.",
             POINTMAP,
             "0.4b",
-            (background,),
-            ("Depth",),
+            (background, *depth.OPTIONS),
+            (Picture("Depth", "_depth"),),
             ("_depth.npy", "_points.ply"),
-            depth.run,
+            depth.PIPELINE,
             helper=SEG,
             helper_option="remove_background",
+            viewer_title="Point cloud (a preview; the full cloud is in Downloads)",
         ),
         Task(
             "matting",
@@ -187,21 +218,28 @@ def _build_registry() -> dict[str, Task]:
             MATTING,
             "1b",
             matting.OPTIONS,
-            ("Alpha", "Cut-out", "Composite"),
+            (
+                Picture("Alpha", "_alpha", same_as="_alpha.png"),
+                Picture("Cut-out", "_cutout_on_checkerboard", same_as="_cutout.png"),
+                Picture("Composite", "_composite", same_as="_composite.png"),
+            ),
             ("_alpha.png", "_cutout.png", "_composite.png"),
-            matting.run,
+            matting.PIPELINE,
         ),
         Task(
             "features",
             "Features",
-            "Pretrained backbone: patch features (PCA colours) and the CLS embedding.",
+            "Pretrained backbone: patch features (PCA colours) and the CLS embedding. 1b-4k is the 4K "
+            "backbone at its native 4096x3072: about 4.5 GiB of GPU memory in bf16; on the CPU 8.5 GiB of "
+            "RAM and minutes per photo.",
             PRETRAIN,
             "0.1b",
             (),
-            ("Features (PCA)",),
+            (Picture("Features (PCA)", "_features_pca"),),
             ("_cls.npy", "_patches.npy"),
-            features.run,
+            features.PIPELINE,
             in_overview=False,
+            columns=features.columns,
         ),
     ]
     return {task.name: task for task in tasks}
@@ -213,7 +251,6 @@ ALL_TASKS: tuple[str, ...] = tuple(name for name, task in TASKS.items() if task.
 
 def get_task(name: str) -> Task:
     """The registered task called `name`."""
-    try:
+    if isinstance(name, str) and name in TASKS:
         return TASKS[name]
-    except KeyError:
-        raise ValueError(f"Unknown task {name!r}; choose one of {', '.join(TASKS)}.") from None
+    raise RequestError(f"Option 'task' must be one of {', '.join(TASKS)}, not {shown(name)}.")

@@ -12,9 +12,11 @@ import math
 import os
 import queue
 import secrets
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,23 +24,25 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .errors import Sapiens2Error
 from .images import sanitize_filename
+from .jobs import check_cancelled
+from .limits import Limits
+from .media import VideoError, bare_name, checked_video, open_capture
+from .progress import Progress, within
 from .runtime import Runtime
 from .tasks import Task, get_task
 
 VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".avi", ".mkv", ".webm"})
 DEFAULT_MAX_SECONDS = 10.0
 # Container -> OpenCV codec. mp4v is fast to write and plays in desktop players; browsers play the VP8
-# WebM without a converter (OpenCV's FFmpeg logs a harmless note about the tag when writing it).
+# WebM without a converter.
 VIDEO_FORMATS = {"mp4": "mp4v", "webm": "VP80"}
+# What OpenCV's FFmpeg prints on stderr when it opens a VP8 WebM writer: the muxer stores no codec tag,
+# which changes nothing in the file.
+_HARMLESS_WRITER_NOTES = (b"is not supported with codec id",)
+_stderr_lock = threading.Lock()
 
-Progress = Callable[[float, str], None]
 _END = object()
-
-
-class VideoError(Sapiens2Error, ValueError):
-    """A video cannot be read or written; the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,9 @@ class VideoJob:
 
     Frames go through the model `batch_size` at a time (None: the runtime's); `stride` keeps every n-th
     frame; `max_frames` and `max_seconds` (of source time; None for no limit) cut the video short. The
-    video shows the task's first picture of each frame, as an mp4v MP4 or, with video_format="webm", a VP8
-    WebM that browsers play; `write_log` also writes the task's frame log, if it has one.
+    video shows the task's first picture of each frame, as a VP8 WebM that browsers play or, with
+    video_format="mp4", an mp4v MP4 (much faster to write; desktop players only); `write_log` also writes
+    the task's frame log, if it has one.
     """
 
     task: str
@@ -77,9 +82,10 @@ class VideoJob:
     max_frames: int | None = None
     stride: int = 1
     batch_size: int | None = None
-    video_format: str = "mp4"
+    video_format: str = "webm"
     write_video: bool = True
     write_log: bool = True
+    limits: Limits | None = None  # the app's: frames above its frame size are refused (None: any size)
 
     def __post_init__(self) -> None:
         for name in ("stride", "max_frames", "batch_size"):
@@ -121,13 +127,9 @@ class VideoResult:
 
 
 def _open(path: str | os.PathLike) -> cv2.VideoCapture:
-    if not Path(path).is_file():
-        raise VideoError(f"{path}: no such video file")
-    capture = cv2.VideoCapture(os.fspath(path))
-    if not capture.isOpened():
-        capture.release()
-        raise VideoError(f"{Path(path).name} cannot be opened as a video (damaged, or a codec OpenCV lacks)")
-    return capture
+    """A capture of `path`, once its own bytes say it is a video we decode (see sapiens2.media)."""
+    with checked_video(path) as name:
+        return open_capture(name, bare_name(path))
 
 
 def _info(capture: cv2.VideoCapture) -> VideoInfo:
@@ -181,8 +183,11 @@ class FrameReader:
         max_frames: int | None = None,
         source_limit: int | None = None,
         queue_size: int = 16,
+        limits: Limits | None = None,
     ):
         self._capture = capture
+        self._limits = limits
+        self.cut_short = False  # True when a limit, not the end of the video, stopped the reading
         self._stride = stride
         self._max_frames = max_frames
         self._source_limit = source_limit
@@ -220,8 +225,10 @@ class FrameReader:
     def _wanted(self, index: int, taken: int) -> bool | None:
         """True to decode frame `index`, False to skip it, None when the run has all its frames."""
         if self._source_limit is not None and index >= self._source_limit:
+            self.cut_short = True
             return None
         if self._max_frames is not None and taken >= self._max_frames:
+            self.cut_short = True
             return None
         return index % self._stride == 0
 
@@ -236,6 +243,8 @@ class FrameReader:
                     ok, bgr = self._capture.read()
                     if not ok:
                         break
+                    if self._limits is not None:  # the container's header may have lied about the size
+                        self._limits.check_frame(bgr.shape[1], bgr.shape[0])
                     if not self._put((index, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))):
                         return
                     taken += 1
@@ -267,7 +276,8 @@ class VideoFileWriter:
             self._size = (width, height)
             codec = VIDEO_FORMATS[self.path.suffix[1:]]
             fourcc = cv2.VideoWriter_fourcc(*codec)
-            self._writer = cv2.VideoWriter(os.fspath(self._temporary), fourcc, self._fps, self._size)
+            with _native_notes_dropped(_HARMLESS_WRITER_NOTES):
+                self._writer = cv2.VideoWriter(os.fspath(self._temporary), fourcc, self._fps, self._size)
             if not self._writer.isOpened():
                 raise VideoError(f"OpenCV cannot write {codec} video at {self.path}")
         if (width, height) != self._size:
@@ -283,12 +293,31 @@ class VideoFileWriter:
             self._temporary.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _native_notes_dropped(harmless: tuple[bytes, ...]) -> Iterator[None]:
+    """Leave out of stderr the lines native code prints there that contain one of `harmless`; every other
+    line written meanwhile, by any thread, is passed on."""
+    with _stderr_lock, tempfile.TemporaryFile() as captured:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(True) if not any(n in line for n in harmless)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 def video_outputs(
     task: Task,
     out_dir: str | os.PathLike,
     stem: str,
     *,
-    video_format: str = "mp4",
+    video_format: str = "webm",
     write_video: bool = True,
     write_log: bool = True,
 ) -> list[Path]:
@@ -308,23 +337,25 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
     `progress(fraction, text)` follows each batch.
     """
     task = get_task(job.task)
-    options = task.coerce_options(job.options)
+    options = task.coerce_options(job.options, runtime.device)
     batch_size = job.batch_size or runtime.batch_size
     stem = job.output_stem
     target = video_outputs(task, job.out_dir, stem, video_format=job.video_format)[0]
-    runtime.model(
-        job.model or task.repo_id(job.size)
-    )  # load before the clock starts, and fail before decoding
+    # Load the model before the clock starts, and fail before decoding.
+    runtime.model(job.model or task.repo_id(job.size), progress)
     log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
     capture = _open(job.path)
     try:
         info = _info(capture)
+        if job.limits is not None:
+            job.limits.check_frame(info.width, info.height)
         reader = FrameReader(
             capture,
             stride=job.stride,
             max_frames=job.max_frames,
             source_limit=source_frame_limit(info, job.max_seconds),
             queue_size=2 * batch_size,
+            limits=job.limits,
         )
         sink = VideoFileWriter(target, info.fps / job.stride) if job.write_video else None
         total = planned_frames(
@@ -333,9 +364,15 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
         start = time.perf_counter()
         with reader, sink or contextlib.nullcontext():
             frames, persons = 0, None
+            if progress is not None:
+                progress(0.0, f"0 of {total or '?'} frames: decoding")
             for batch in _batches(reader, batch_size):
+                check_cancelled()
+                done = f"{frames} of {total or '?'} frames: "
+                step = within(progress, *_span(frames, len(batch), total), done)
+                images = [rgb for _, rgb in batch]
                 results = runtime.run_batch(
-                    task.name, [rgb for _, rgb in batch], size=job.size, model=job.model, **options
+                    task.name, images, size=job.size, model=job.model, progress=step, **options
                 )
                 for (index, _), result in zip(batch, results, strict=True):
                     if sink is not None:
@@ -346,10 +383,9 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
                         persons = (persons or 0) + result.persons
                 frames += len(batch)
                 if progress is not None:
-                    fraction = min(frames / total, 1.0) if total else 0.0
-                    progress(fraction, f"{frames} of {total or '?'} frames")
+                    progress(_span(frames, 0, total)[0], f"{frames} of {total or '?'} frames")
             if frames == 0:
-                raise VideoError(f"{Path(job.path).name}: no frame could be decoded")
+                raise VideoError(f"'{bare_name(job.path)}': no frame of this video could be decoded.")
         seconds = time.perf_counter() - start
     finally:
         capture.release()
@@ -360,8 +396,15 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
         fps=info.fps / job.stride,
         seconds=seconds,
         persons=persons,
-        notes=_notes(info, job.max_seconds),
+        notes=_notes(info, job.max_seconds, frames if reader.cut_short else None),
     )
+
+
+def _span(done: int, batch: int, total: int | None) -> tuple[float, float]:
+    """Where, as fractions of the video, a batch of `batch` frames after the first `done` starts and ends."""
+    if not total:
+        return 0.0, 0.0
+    return min(done / total, 1.0), min((done + batch) / total, 1.0)
 
 
 def _batches(reader: FrameReader, size: int) -> Iterator[list[tuple[int, np.ndarray]]]:
@@ -375,8 +418,11 @@ def _batches(reader: FrameReader, size: int) -> Iterator[list[tuple[int, np.ndar
         yield batch
 
 
-def _notes(info: VideoInfo, max_seconds: float | None) -> list[str]:
+def _notes(info: VideoInfo, max_seconds: float | None, cut_at: int | None) -> list[str]:
+    """What was left out: `cut_at` is the frames run when a limit (not the video's end) stopped them."""
     duration = info.duration
-    if max_seconds is None or duration is None or duration <= max_seconds:
-        return []
-    return [f"Only the first {max_seconds:g} s of this {duration:.1f} s video were processed."]
+    if max_seconds is not None and duration is not None and duration > max_seconds:
+        return [f"Only the first {max_seconds:g} s of this {duration:.1f} s video were processed."]
+    if cut_at is not None:
+        return [f"Only the first {cut_at} frames of this video were processed (the limit per video)."]
+    return []

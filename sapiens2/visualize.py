@@ -287,38 +287,11 @@ def pca_picture(features: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return cv2.resize(rgb.reshape(rows, columns, 3), (width, height), interpolation=cv2.INTER_LINEAR)
 
 
-def grid(
-    pictures: Sequence[np.ndarray],
-    titles: Sequence[str] | None = None,
-    height: int = 480,
-    columns: int | None = None,
-) -> np.ndarray:
-    """Titled pictures resized to one height, in rows of `columns` (all in one row by default)."""
-    if not pictures:
-        raise ValueError("grid needs at least one picture")
-    titles = list(titles) if titles is not None else [""] * len(pictures)
-    if len(titles) != len(pictures):
-        raise ValueError(f"{len(pictures)} pictures but {len(titles)} titles")
-    columns = columns or len(pictures)
-    gap, bar, scale = 8, 34 if any(titles) else 0, 0.7
-    tiles = []
-    for picture, title in zip(pictures, titles, strict=True):
-        picture = _rgb(picture)
-        width = max(1, round(picture.shape[1] * height / picture.shape[0]))
-        resample = cv2.INTER_AREA if width < picture.shape[1] else cv2.INTER_LINEAR
-        tile = np.empty((bar + height, width, 3), dtype=np.uint8)
-        tile[:bar] = _PANEL
-        tile[bar:] = cv2.resize(picture, (width, height), interpolation=resample)
-        if title:
-            _text(tile, title, (8, bar - 11), scale)
-        tiles.append(tile)
-    rows = [tiles[start : start + columns] for start in range(0, len(tiles), columns)]
-    row_widths = [sum(tile.shape[1] for tile in row) + gap * (len(row) - 1) for row in rows]
-    total_height = len(rows) * (bar + height) + gap * (len(rows) - 1)
-    canvas = np.full((total_height, max(row_widths), 3), _PANEL, dtype=np.uint8)
-    for r, row in enumerate(rows):
-        top, left = r * (bar + height + gap), 0
-        for tile in row:
-            canvas[top : top + tile.shape[0], left : left + tile.shape[1]] = tile
-            left += tile.shape[1] + gap
-    return canvas
+def fit_for_display(picture: np.ndarray, max_side: int) -> np.ndarray:
+    """The picture shrunk (area averaging) so that its longer side is at most `max_side`, else as it is."""
+    height, width = picture.shape[:2]
+    scale = max_side / max(height, width)
+    if scale >= 1:
+        return picture
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    return cv2.resize(picture, size, interpolation=cv2.INTER_AREA)

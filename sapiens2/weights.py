@@ -7,15 +7,15 @@ import json
 import math
 import os
 import queue
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from sapiens2.errors import CheckpointError
+from sapiens2.progress import Progress
 
 # Original checkpoints store the RoPE periods, which the model recomputes from the config.
 IGNORED_SUFFIXES = ("rope_embed.periods",)
@@ -24,7 +24,6 @@ LISTED_NAMES = 5
 # Threads that read and convert tensors: reads and casts release the GIL, so a few overlap well.
 LOAD_THREADS = min(4, os.cpu_count() or 1)
 
-Progress = Callable[[float, str], None]
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -153,14 +152,15 @@ def _materialize(
 ) -> dict[str, torch.Tensor]:
     """Read every tensor into `dtype` (floating tensors only) on `device`.
 
-    On the CPU a tensor already in the right dtype is a view of the memory-mapped file (no copy). The others
-    are read by a few threads, each through its own reusable (pinned, for CUDA) staging buffer, and converted:
-    the peak is the result plus one tensor per thread, on the host and on the device.
+    Every tensor is read (never memory-mapped) into memory the process owns: a checkpoint file truncated or
+    rewritten while the server runs can neither crash it (SIGBUS on a mapped page) nor change a loaded model.
+    On the CPU a tensor already in the right dtype is read straight into its own memory; the others are read
+    by a few threads, each through its own reusable (pinned, for CUDA) staging buffer, and converted: the
+    peak is the result plus one tensor per thread, on the host and on the device.
     """
     targets = {name: dtype if t.dtype.is_floating_point else t.dtype for name, t in expected.items()}
     on_cpu = device.type == "cpu"
-    mapped = [name for name, entry in entries.items() if on_cpu and entry.dtype == targets[name]]
-    staged = [name for name in entries if name not in set(mapped)]
+    staged = list(entries)
     total = sum(entry.nbytes for entry in entries.values()) or 1
     done = 0
 
@@ -171,11 +171,6 @@ def _materialize(
             progress(done / total, f"loading weights of {label}")
 
     state: dict[str, torch.Tensor] = {}
-    for path in dict.fromkeys(entries[name].path for name in mapped):
-        with safe_open(path, framework="pt") as file:
-            for name in (n for n in mapped if entries[n].path == path):
-                state[name] = file.get_tensor(name)
-                report(name)
     if not staged:
         return state
     buffers: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
@@ -185,6 +180,8 @@ def _materialize(
         buffers.put(torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda"))
 
     def convert(name: str) -> torch.Tensor:
+        if on_cpu and entries[name].dtype == targets[name]:  # read straight into the tensor's own memory
+            return _read_into(entries[name], torch.empty(entries[name].nbytes, dtype=torch.uint8))
         staging = buffers.get()
         try:
             tensor = _read_into(entries[name], staging)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
-from gradio_client import Client
+import gradio_client
 
 import app
 from sapiens2.cache import ModelCache
@@ -24,6 +24,32 @@ from sapiens2.scratch import ScratchSpace
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 PHOTOS = (ASSETS / "grace_hopper.jpg", ASSETS / "astronaut.png")
+
+
+class Client(gradio_client.Client):
+    """gradio_client's Client, safe to call again as soon as an answer came back.
+
+    One Client shares a single message stream among its requests, and the server closes that stream right
+    after the last answer it owes. A request sent in between (the next predict() of a loop, before the
+    client has read the close) is filed under the stream about to close, and when the close arrives
+    gradio_client ends it with an empty concurrent.futures.CancelledError, though the server runs it: the
+    load test lost 1 request in 200 that way. Waiting, before each request, for a stream with nothing
+    pending to finish closing removes that window. (Requests sent from several threads through one Client
+    at once can still fall into it: the load test gives each thread its own Client.)
+    """
+
+    def submit(self, *args, **kwargs):
+        self.settle()
+        return super().submit(*args, **kwargs)
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until a message stream with no request left has been closed by the server."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.pending_lock:
+                if not self.stream_open or self.pending_event_ids:
+                    return
+            time.sleep(0.005)
 
 
 @dataclass
@@ -73,7 +99,11 @@ def environment(**values: str) -> Iterator[None]:
 
 @contextmanager
 def running_app(
-    checkpoint_dir: Path, detector: str, scratch_root: Path, cache: ModelCache | None = None
+    checkpoint_dir: Path,
+    detector: str,
+    scratch_root: Path,
+    cache: ModelCache | None = None,
+    local: dict[str, dict[str, str]] | None = None,
 ) -> Iterator[Server]:
     """The app on a free 127.0.0.1 port, offline, loading checkpoints from `checkpoint_dir`."""
     settings = {
@@ -85,7 +115,7 @@ def running_app(
     with environment(**settings):
         runtime = Runtime(device="cpu", dtype="fp32", detector=detector, cache=cache)
         scratch = ScratchSpace(scratch_root)
-        demo = app.build_app(runtime, scratch)
+        demo = app.build_app(runtime, scratch, local)
         port = free_port()
         app.launch(demo, host="127.0.0.1", port=port, prevent_thread_lock=True)
         try:

@@ -208,9 +208,30 @@ def _float_tiff_nan(d: Path) -> BadInput:
 
 
 def _large_photo(d: Path) -> BadInput:
-    image = _photo().resize((8000, 6000), Image.Resampling.BILINEAR)
+    image = _photo().resize((6000, 4000), Image.Resampling.BILINEAR)  # 24 megapixels: the default limit
     path = _save(image, d / "large.jpg", "JPEG", quality=85)
-    return BadInput(path, size=(6000, 8000), note="Downscaled from 8000x6000 to 4096x3072")
+    return BadInput(path, size=(4000, 6000), note="Downscaled from 6000x4000 to 4096x2731")
+
+
+def _over_megapixels_gif(d: Path) -> BadInput:
+    # 35 bytes claiming a 16000x5000 canvas: every picture and export of it would be 80 megapixels.
+    return BadInput(_write(d / "canvas.gif", _gif_header(16000, 5000)), error="above this server's limit of")
+
+
+def _strip_png(d: Path, width: int, height: int) -> BadInput:
+    rows = b"".join(b"\x00" + bytes(width * 3) for _ in range(height))  # compresses to a few kilobytes
+    return BadInput(
+        _write(d / f"strip_{width}x{height}.png", png_bytes(width, height, raw=rows)), error="strip"
+    )
+
+
+def _metadata_bomb_png(d: Path, kind: bytes) -> BadInput:
+    """A small PNG with a text or colour-profile chunk that unpacks to 50 MB of zeros."""
+    prefix = {b"zTXt": b"k\x00\x00", b"iCCP": b"p\x00\x00", b"iTXt": b"k\x00\x01\x00\x00\x00"}[kind]
+    chunk = _png_chunk(kind, prefix + zlib.compress(bytes(50_000_000), 9))
+    plain = png_bytes(*SMALL_SIZE[::-1], raw=b"".join(b"\x00" + bytes(SMALL_SIZE[1] * 3) for _ in range(48)))
+    name = f"{kind.decode().lower()}_bomb.png"
+    return BadInput(_write(d / name, plain[:33] + chunk + plain[33:]), error="too large")
 
 
 def _traversal_name(d: Path) -> BadInput:
@@ -286,6 +307,12 @@ _CASES: dict[str, Callable[[Path], BadInput]] = {
     "exif_rotated": _exif_rotated,
     "float_tiff_nan": _float_tiff_nan,
     "large_photo": _large_photo,
+    "over_megapixels_gif": _over_megapixels_gif,
+    "strip_100000x32": lambda d: _strip_png(d, 100_000, 32),
+    "strip_32x20000": lambda d: _strip_png(d, 32, 20_000),
+    "ztxt_bomb": lambda d: _metadata_bomb_png(d, b"zTXt"),
+    "iccp_bomb": lambda d: _metadata_bomb_png(d, b"iCCP"),
+    "itxt_bomb": lambda d: _metadata_bomb_png(d, b"iTXt"),
     "traversal_name": _traversal_name,
     "palette_transparency": _palette_transparency,
     "one_bit": _one_bit,

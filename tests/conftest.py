@@ -1,14 +1,29 @@
 """Shared test setup: no network, and a session-wide directory of tiny checkpoints laid out like the Hub."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("YOLO_OFFLINE", "1")
 # The default precision depends on the CPU (bf16 where it is native): tests run in fp32 on every machine,
 # and the tests of that rule clear this variable.
 os.environ.setdefault("SAPIENS2_DTYPE", "fp32")
+# A test that turns HF_HUB_OFFLINE off stands in for the Hub itself; should anything still ask the Hub, it
+# asks a closed port of this machine (refused at once), never the network.
+os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
+# Gradio's file cache of this run alone: another run on the same machine (or a test that ages the cache)
+# must never delete files this run is serving.
+_GRADIO_CACHE = None if "GRADIO_TEMP_DIR" in os.environ else tempfile.mkdtemp(prefix="sapiens2-tests-gradio-")
+if _GRADIO_CACHE:
+    os.environ["GRADIO_TEMP_DIR"] = _GRADIO_CACHE
 
 import pytest  # noqa: E402
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _GRADIO_CACHE:
+        shutil.rmtree(_GRADIO_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -70,6 +85,9 @@ def small_mirror(tiny_mirror, tmp_path_factory):
             write_tiny_checkpoint(root / repo_id, kind, size=size, image_size=(256, 192))
         else:
             shutil.copytree(tiny_mirror / repo_id, root / repo_id)
+            config_path = root / repo_id / "config.json"
+            config = json.loads(config_path.read_text())
+            config_path.write_text(json.dumps({**config, "image_size": [256, 192]}))
         padded = ProcessorSettings.for_kind(get_kind(kind)).do_pad
         settings = {"size": {"height": 256, "width": 192}, "do_pad": padded}
         (root / repo_id / "preprocessor_config.json").write_text(json.dumps(settings))

@@ -83,7 +83,9 @@ def test_every_task_endpoint_returns_full_size_pictures_and_its_files(client, in
     outputs = client.predict(handle_file(str(photo)), api_name=f"/{task}")
     count = len(entry.picture_titles)
     pictures, (summary, timing, files) = outputs[:count], outputs[count : count + 3]
-    for title, picture in zip(entry.picture_titles, pictures, strict=True):
+    for declared, picture in zip(entry.pictures, pictures, strict=True):
+        title = declared.title
+        assert Path(picture).name == f"{photo.stem}{declared.suffix}.png", "named after the photo and picture"
         with Image.open(picture) as image:
             assert image.format == "PNG" and image.mode == "RGB"
             if title not in FREE_SIZE_PICTURES:
@@ -94,22 +96,26 @@ def test_every_task_endpoint_returns_full_size_pictures_and_its_files(client, in
     assert sorted(Path(path).name.removeprefix(stem) for path in files) == sorted(TASKS[task].export_suffixes)
     for path in files:
         check_export(path, stem, photo_size(photo))
-    if "ply" in entry.export_kinds:
-        assert outputs[-1].endswith(".ply") and len(outputs) == count + 4
+    if entry.viewer_title:
+        assert Path(outputs[-1]).name == f"{stem}_points_preview.ply" and len(outputs) == count + 4
+        assert outputs[-1] not in files, "the viewer's preview is not one of the downloads"
     else:
         assert len(outputs) == count + 3
 
 
-def test_all_tasks_endpoint_puts_the_five_pictures_side_by_side(client):
+def test_all_tasks_endpoint_returns_each_tasks_picture_and_plain_text(client):
     photo = PHOTOS[0]
-    width, height = photo_size(photo)
-    picture, summary, timing, files = client.predict(handle_file(str(photo)), api_name="/all")
-    with Image.open(picture) as image:
-        assert image.format == "PNG"
-        assert image.height > height and image.width > 4 * width  # five tiles under a title bar
-    for name in ("pose", "segment", "normals", "depth", "matting"):
-        assert f"**{TASKS[name].title}**" in summary
-        assert TASKS[name].title in timing
+    *pictures, summary, timing, files = client.predict(handle_file(str(photo)), api_name="/all")
+    names = ("pose", "segment", "normals", "depth", "matting")
+    assert [Path(picture).name for picture in pictures] == [
+        f"{photo.stem}{TASKS[name].pictures[0].suffix}.png" for name in names
+    ]
+    for picture in pictures:
+        with Image.open(picture) as image:
+            assert image.format == "PNG" and image.size == photo_size(photo)
+    assert summary.splitlines()[0].startswith("Pose: ") and len(summary.splitlines()) >= len(names)
+    assert [line.split(":")[0] for line in timing.splitlines()] == [TASKS[name].title for name in names]
+    assert not set(summary + timing) & set("*<>"), "plain text through the API: no Markdown or HTML"
     names = {Path(path).name for path in files}
     assert {
         f"{photo.stem}{suffix}"
@@ -129,6 +135,17 @@ def test_endpoints_have_stable_names_and_only_the_image_is_required(client):
         assert rest and all(parameter["parameter_has_default"] for parameter in rest), name
     pose = [parameter["parameter_name"] for parameter in endpoints["/pose"]["parameters"]]
     assert pose == ["image", "size", *(option.name for option in TASKS["pose"].options)]
+
+
+def test_option_defaults_are_settled_for_the_servers_device(client):
+    """The test server runs on the CPU: the flip test starts off there (on with a GPU); depth is smoothed."""
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+
+    def defaults(endpoint: str) -> dict:
+        return {p["parameter_name"]: p.get("parameter_default") for p in endpoints[endpoint]["parameters"]}
+
+    assert defaults("/pose")["flip_test"] is False
+    assert defaults("/depth")["smooth"] is True
 
 
 def test_options_are_taken_by_name(client):
@@ -184,7 +201,9 @@ def test_offline_with_nothing_cached_names_the_repo_and_the_folder_then_serves_a
         with pytest.raises(AppError) as caught:
             client.predict(photo, size="1b", api_name="/pose")
     message = str(caught.value)
-    assert repo in message and "SAPIENS2_CHECKPOINT_DIR" in message
+    assert message.startswith(f"The model {repo} is not on this server, and the server cannot download it.")
+    assert f"hf download {repo} --local-dir checkpoints/{repo}" in message, "what whoever runs it can do"
+    assert str(tmp_path) not in message and "empty" not in message, "nothing about this server's folders"
     assert "Traceback" not in message
     assert repo not in server.runtime.cache
     outputs = client.predict(photo, size="1b", api_name="/pose")

@@ -98,6 +98,59 @@ def test_live_webcam_streams_frames_through_pose_and_shows_the_frame_rate(page, 
     page.get_by_role("button", name="capture photo").click()  # starts streaming
     page.locator("#live-rate").get_by_text("frames per second").wait_for(timeout=RESULT_TIMEOUT_MS)
     assert "facebook/sapiens2-pose-0.4b" in page.locator("#live-rate").inner_text()
+    page.wait_for_timeout(1000)  # more frames: the line stays readable while the stream runs
+    opacity = page.locator("#live-rate .prose").first.evaluate(
+        "node => { let seen = 1; for (let n = node; n; n = n.parentElement) "
+        "seen *= +getComputedStyle(n).opacity; for (const n of node.querySelectorAll('*')) "
+        "seen = Math.min(seen, +getComputedStyle(n).opacity); return seen; }"
+    )
+    assert opacity == 1, "the frame rate is not greyed out while the stream runs"
     page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
     page.get_by_role("button", name="capture photo").click()  # stops streaming
     assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
+
+
+def test_all_tasks_reads_at_1440_pixels_wide(browser, server):
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = context.new_page()
+    page.goto(server.url)
+    page.get_by_role("tab", name="All tasks", exact=True).click()
+    page.locator("#all-photo input[type=file]").set_input_files(str(PHOTOS[0]))
+    page.locator("#all-photo img").first.wait_for()
+    page.locator("#all-run").click()
+    for task in ("pose", "segment", "normals", "depth", "matting"):
+        picture = page.locator(f"#all-{task} img").first
+        picture.wait_for(timeout=RESULT_TIMEOUT_MS)
+        assert picture.bounding_box()["width"] >= 250, task
+    size = "node => parseFloat(getComputedStyle(node).fontSize)"
+    body = page.get_by_text("One photo through pose", exact=False).evaluate(size)
+    for title in ("Pose", "Body parts", "Normals", "Depth", "Matting"):
+        caption = page.locator("#component-0").page.get_by_role("heading", name=title, exact=True).last
+        assert caption.evaluate(size) >= body, f"{title}: captions read at body-text size or larger"
+    downloads = page.locator("#all-downloads")
+    downloads.get_by_text("grace_hopper_composite").wait_for()
+    rows = downloads.locator("tr")
+    assert rows.count() == 9
+    listed = downloads.evaluate("node => [node.scrollHeight, node.clientHeight]")
+    assert listed[0] <= listed[1] + 1, "every download is in view, none behind a scroll bar"
+    for index in range(rows.count()):
+        assert rows.nth(index).is_visible()
+    context.close()
+
+
+def test_the_first_run_error_keeps_its_instructions_on_the_page(page, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAPIENS2_CHECKPOINT_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    page.locator("#pose-photo input[type=file]").set_input_files(str(PHOTOS[1]))
+    page.locator("#pose-photo img").first.wait_for()
+    page.get_by_label("Model size").first.click()
+    page.get_by_role("option", name="1b").click()
+    page.locator("#pose-run").click()
+    toast = page.locator(ERROR_TOASTS).first
+    toast.wait_for(timeout=RESULT_TIMEOUT_MS)
+    text = " ".join(toast.inner_text().split())
+    repo = "facebook/sapiens2-pose-1b"
+    assert f"hf download {repo} --local-dir checkpoints/{repo}" in text
+    assert "--checkpoint-dir checkpoints (or SAPIENS2_CHECKPOINT_DIR=checkpoints)" in text
+    assert text.endswith("and HF_HUB_OFFLINE=1.")
+    assert str(tmp_path) not in text

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_video import read_video, write_clip
 
-from sapiens2.cli import EXIT_NOTHING_SUCCEEDED, EXIT_OK, build_parser, main, picture_suffix
+from sapiens2.cli import EXIT_NOTHING_SUCCEEDED, EXIT_OK, build_parser, main
 from sapiens2.hub import CHECKPOINT_DIR_ENV
 from sapiens2.runtime import Runtime
 from sapiens2.tasks import ALL_TASKS, TASKS
@@ -35,8 +35,22 @@ def run_cli(*argv: str) -> tuple[int, str]:
 def expected_files(task: str, stem: str) -> set[str]:
     """The files a photo gets from `task` with every export and picture, as main's layout names them."""
     exports = {f"{stem}{suffix}" for suffix in TASKS[task].export_suffixes}
-    pictures = {f"{stem}{picture_suffix(title)}.png" for title in TASKS[task].picture_titles}
+    exported = set(TASKS[task].export_suffixes)
+    pictures = {f"{stem}{p.suffix}.png" for p in TASKS[task].pictures if p.same_as not in exported}
     return exports | pictures
+
+
+def test_each_thing_has_one_file_name():
+    names = set().union(*(expected_files(task, "photo") for task in TASKS))
+    assert names == {
+        "photo_pose.json", "photo_pose.png",
+        "photo_segmentation.png", "photo_segmentation.npy",
+        "photo_segmentation_overlay.png", "photo_segmentation_legend.png",
+        "photo_normals.npy", "photo_normals.png",
+        "photo_depth.npy", "photo_depth.png", "photo_points.ply",
+        "photo_alpha.png", "photo_cutout.png", "photo_composite.png",
+        "photo_cls.npy", "photo_patches.npy", "photo_features_pca.png",
+    }  # fmt: skip
 
 
 def files_under(folder: Path) -> set[str]:
@@ -91,11 +105,18 @@ def test_every_registry_option_has_a_flag():
     assert args.background_color == (1, 2, 3) and args.exports == {"json", "npy"}
 
 
+def test_device_dependent_default_is_stated_in_the_help():
+    (flip,) = [action for action in build_parser()._actions if action.dest == "flip_test"]
+    assert "(default on with a GPU, off on the CPU)" in flip.help
+    (smooth,) = [action for action in build_parser()._actions if action.dest == "smooth"]
+    assert "(default on) [depth]" in smooth.help
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["pose", "x", "--out", "o", "--threshold", "2"], "between 0.0 and 1.0"),
-        (["segment", "x", "--out", "o", "--background-color", "mauve-ish"], "not understood"),
+        (["pose", "x", "--out", "o", "--threshold", "2"], "between 0 and 1"),
+        (["segment", "x", "--out", "o", "--background-color", "mauve-ish"], "must be a colour"),
         (["pose", "x", "--out", "o", "--opacity", "0.5"], "--opacity is an option of segment, not of pose"),
         (["all", "x", "--out", "o", "--model", "some/where"], "choose one task"),
         (["matting", "x", "--out", "o", "--size", "0.4b"], "no 0.4b model exists for matting"),
@@ -125,11 +146,11 @@ def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
     assert status == EXIT_OK
     expected = {name for task in ALL_TASKS for stem in PHOTOS.values() for name in expected_files(task, stem)}
     assert files_under(out) == expected
-    # Pictures are named after their titles; the matting alpha and composite are written once, as exports.
+    # One name per thing: the matting alpha, cut-out and composite are written once, as exports.
     assert {name.removeprefix("grace_hopper") for name in expected if name.startswith("grace")} == {
-        *("_pose.json", "_keypoints.png", "_segmentation.png", "_segmentation.npy", "_body_parts.png"),
-        *("_legend.png", "_normals.npy", "_normals.png", "_depth.npy", "_points.ply", "_depth.png"),
-        *("_alpha.png", "_cutout.png", "_composite.png", "_cut-out.png"),
+        *("_pose.json", "_pose.png", "_segmentation.png", "_segmentation.npy", "_segmentation_overlay.png"),
+        *("_segmentation_legend.png", "_normals.npy", "_normals.png", "_depth.npy", "_points.ply"),
+        *("_depth.png", "_alpha.png", "_cutout.png", "_composite.png"),
     }
     assert "Done in" in printed and f"{len(expected)} files written" in printed
     assert "broken.jpg: The image file is incomplete" in printed and "1 failure:" in printed
@@ -182,14 +203,14 @@ def test_videos_through_the_command_line(photos, setup_args, tmp_path):
     out = tmp_path / "out"
     status, printed = run_cli("pose", clips, "--out", out, "--stride", 2, "--max-frames", 2, *setup_args)
     assert status == EXIT_OK
-    assert files_under(out) == {"walk_pose.mp4", "walk_predictions.json"}
-    frames, fps = read_video(out / "walk_pose.mp4")
+    assert files_under(out) == {"walk_pose.webm", "walk_predictions.json"}
+    frames, fps = read_video(out / "walk_pose.webm")
     assert len(frames) == 2 and fps == 6.0
     assert len(json.loads((out / "walk_predictions.json").read_text())["frames"]) == 2
     assert "walk.mp4, pose: 2 frames in " in printed and " frames/s, " in printed
     assert "damaged.mov: " in printed and "cannot be opened as a video" in printed
 
-    video = out / "walk_pose.mp4"
+    video = out / "walk_pose.webm"
     (out / "walk_predictions.json").unlink()
     written = video.stat().st_mtime_ns
     status, printed = run_cli("pose", clips, "--out", out, "--stride", 2, "--max-frames", 2, *setup_args)
@@ -197,9 +218,9 @@ def test_videos_through_the_command_line(photos, setup_args, tmp_path):
     assert video.stat().st_mtime_ns == written and (out / "walk_predictions.json").is_file()
 
     status, _ = run_cli(
-        "segment", clips / "walk.mp4", "--out", out, "--max-frames", 1, "--video-format", "webm", *setup_args
+        "segment", clips / "walk.mp4", "--out", out, "--max-frames", 1, "--video-format", "mp4", *setup_args
     )
-    assert status == EXIT_OK and len(read_video(out / "walk_segment.webm")[0]) == 1
+    assert status == EXIT_OK and len(read_video(out / "walk_segment.mp4")[0]) == 1
 
 
 def test_nothing_succeeded_exits_with_status_1(photos, setup_args, tmp_path, capsys):

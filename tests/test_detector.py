@@ -116,9 +116,15 @@ def test_a_model_without_a_person_class_is_refused(tmp_path, photo):
 
 
 def test_real_model_keeps_only_persons_best_first(tiny_yolo, photo):
+    import torch
     from ultralytics import YOLO
 
-    raw = YOLO(tiny_yolo).predict(np.ascontiguousarray(photo[..., ::-1]), conf=0.3, iou=0.3, verbose=False)[0]
+    threads = torch.get_num_threads()
+    try:  # ultralytics' own first prediction lowers torch's threads for the whole process: put them back
+        bgr = np.ascontiguousarray(photo[..., ::-1])
+        raw = YOLO(tiny_yolo).predict(bgr, conf=0.3, iou=0.3, verbose=False)[0]
+    finally:
+        torch.set_num_threads(threads)
     raw_classes = raw.boxes.cls.numpy()
     assert set(raw_classes) == {0.0, 2.0}, "the test model must mix persons with another class"
     raw_persons = raw.boxes.xyxy.numpy()[raw_classes == 0]

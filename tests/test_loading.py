@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,17 +24,23 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import httpx
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from tiny_models import tiny_config, write_tiny_checkpoint
+from tiny_models import tiny_4k_config, tiny_config, write_tiny_4k_checkpoint, write_tiny_checkpoint
 
 import sapiens2
-from sapiens2 import device, hub, presets
+from sapiens2 import device, hub, hub_access, presets
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.kinds import KINDS
 from sapiens2.models import build_model
 
-KIND_SIZES = (("pretrain", "0.1b"), ("pose", "1b"), ("seg", "0.4b"), ("normal", "5b"), ("pointmap", "0.8b"),
-         ("matting", "1b"))
+KIND_SIZES = (
+    ("pretrain", "0.1b"),
+    ("pose", "1b"),
+    ("seg", "0.4b"),
+    ("normal", "5b"),
+    ("pointmap", "0.8b"),
+    ("matting", "1b"),
+)
 REPO = "facebook/sapiens2-pose-0.4b"
 # Official 0.4b pose: backbone 395,450,368 parameters (official Sapiens2 "sapiens2_0.4b" built on the meta
 # device) plus the keypoints308 head: deconvs 1024->1024->768 (4x4, no bias), 1x1 convs 768->512->512->256,
@@ -117,11 +125,82 @@ def test_bare_original_file_uses_the_preset_named_by_the_file(pose_dir, tmp_path
     assert model.config.flip_pairs and model.config.num_labels == 308
 
 
+REPO_4K = "facebook/sapiens2-pretrain-1b-4k"
+ORIGINAL_4K = "sapiens2_1b_4k_pretrain.safetensors"
+
+
+@pytest.fixture
+def tiny_4k_preset(monkeypatch):
+    """The built-in 1b-4k preset replaced by a tiny one (same layout, tiny widths)."""
+    real, tiny = presets.preset_config, tiny_4k_config()
+    monkeypatch.setattr(
+        presets, "preset_config", lambda size, task: tiny if size == "1b-4k" else real(size, task)
+    )
+
+
+def test_4k_config_loads_and_its_preset_is_named_by_the_original_file(tmp_path, tiny_4k_preset):
+    directory = write_tiny_4k_checkpoint(tmp_path / "dir")
+    model = sapiens2.from_pretrained(directory, device="cpu")
+    assert model.config.use_tokenizer and len(model.tokenizer.blocks) == 2
+    assert_loaded_from(model, load_file(directory / hub.WEIGHTS_NAME), torch.float32)
+    bare = shutil.copy(directory / hub.WEIGHTS_NAME, tmp_path / ORIGINAL_4K)
+    assert_loaded_from(sapiens2.from_pretrained(bare, device="cpu"), load_file(bare), torch.float32)
+
+
+def test_4k_repo_holding_only_its_original_file_loads(tmp_path, monkeypatch, tiny_4k_preset, reachable_hub):
+    """An official repo without config.json (the 4K backbone is not in transformers) is read from its
+    original file, in the checkpoint folder or on the Hub."""
+    local = write_tiny_4k_checkpoint(tmp_path / "mirror" / REPO_4K, file_name=ORIGINAL_4K)
+    weights = load_file(local / ORIGINAL_4K)
+    monkeypatch.setenv(hub.CHECKPOINT_DIR_ENV, str(tmp_path / "mirror"))
+    assert sapiens2.resolve_checkpoint(REPO_4K) == hub.ResolvedCheckpoint(
+        None, (local / ORIGINAL_4K,), REPO_4K
+    )
+    assert_loaded_from(sapiens2.from_pretrained(REPO_4K, device="cpu"), weights, torch.float32)
+
+    monkeypatch.delenv(hub.CHECKPOINT_DIR_ENV)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    asked = []
+
+    def fake_download(repo_id, filename, **kwargs):
+        asked.append(filename)
+        if filename != ORIGINAL_4K:
+            raise RemoteEntryNotFoundError("absent", response=http_response(404))
+        return str(local / ORIGINAL_4K)
+
+    monkeypatch.setattr(hub, "hf_hub_download", fake_download)
+    assert_loaded_from(sapiens2.from_pretrained(REPO_4K, device="cpu"), weights, torch.float32)
+    assert asked == [hub.CONFIG_NAME, ORIGINAL_4K]
+
+    class FakeApi:
+        def model_info(self, repo_id, *, revision, files_metadata):
+            names = {ORIGINAL_4K: 3_213_000_000, "README.md": 10}
+            return SimpleNamespace(siblings=[SimpleNamespace(rfilename=n, size=s) for n, s in names.items()])
+
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-home"))
+    assert sapiens2.checkpoint_download_size(REPO_4K) == 3_213_000_000
+
+
+def test_repo_without_config_nor_original_file_reports_the_missing_config(monkeypatch, no_checkpoint_dir):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def fake_download(repo_id, filename, **kwargs):
+        raise RemoteEntryNotFoundError("absent", response=http_response(404))
+
+    monkeypatch.setattr(hub, "hf_hub_download", fake_download)
+    with pytest.raises(CheckpointNotFoundError, match=rf"{REPO_4K} has no file config.json"):
+        sapiens2.from_pretrained(REPO_4K, device="cpu")
+
+
 def test_real_pose_preset_has_the_official_parameter_count_and_checkpoint_names(pose_dir):
     config = Sapiens2Config.from_dict(presets.config_for_checkpoint_name("sapiens2_0.4b_pose.safetensors"))
     with torch.device("meta"):
         model = build_model(config)
     assert sum(p.numel() for p in model.parameters()) == OFFICIAL_POSE_04B_PARAMETERS
+
     # Same tensor names as a checkpoint saved by transformers, whatever the block count.
     def per_block(names):
         return {re.sub(r"blocks\.\d+\.", "blocks.N.", name) for name in names}
@@ -146,6 +225,7 @@ def test_every_preset_builds_on_the_meta_device(size, task):
         ("/ckpt/seg/sapiens2_5b_seg.safetensors", ("5b", "seg")),
         ("Sapiens2_1B_Pointmap.safetensors", ("1b", "pointmap")),
         ("sapiens2_0.1b_pretrain.safetensors", ("0.1b", "pretrain")),
+        ("sapiens2_1b_4k_pretrain.safetensors", ("1b-4k", "pretrain")),
     ],
 )
 def test_checkpoint_names_parse(name, expected):
@@ -157,7 +237,8 @@ def test_checkpoint_names_parse(name, expected):
     [
         ("model.safetensors", "cannot tell the model"),
         ("sapiens2_1b_albedo.safetensors", "no built-in preset for Sapiens2 1b albedo"),
-        ("sapiens2_1b_4k_pretrain.safetensors", "no built-in preset"),
+        ("sapiens2_0.4b_4k_pretrain.safetensors", "no built-in preset for Sapiens2 0.4b-4k pretrain"),
+        ("sapiens2_1b_4k_pose.safetensors", "no built-in preset for Sapiens2 1b-4k pose"),
         ("sapiens2_0.1b_pose.safetensors", "no built-in preset"),
         ("sapiens2_2b_seg.safetensors", "no built-in preset"),
     ],
@@ -369,21 +450,23 @@ def test_offline_with_nothing_cached_says_how_to_provide_the_files(empty_hf_home
     with pytest.raises(CheckpointNotFoundError) as error:
         sapiens2.from_pretrained(REPO, device="cpu")
     message = str(error.value)
-    assert REPO in message and "HF_HUB_OFFLINE=1" in message
-    hint = f"set SAPIENS2_CHECKPOINT_DIR=<dir> and put config.json + model.safetensors in <dir>/{REPO}/"
-    assert hint in message
+    assert message.startswith(f"{REPO}: config.json is not on this machine, and HF_HUB_OFFLINE=1 forbids")
+    assert f"hf download {REPO} --local-dir checkpoints/{REPO}" in message
+    assert "--checkpoint-dir checkpoints (or SAPIENS2_CHECKPOINT_DIR=checkpoints)" in message
+    assert not set(message) & set("<>*`[]"), "plain text: nothing that HTML or Markdown would swallow"
     assert sapiens2.checkpoint_download_size(REPO) is None
 
 
 def test_offline_with_a_missing_revision_names_it(empty_hf_home):
-    with pytest.raises(CheckpointNotFoundError, match=rf"{REPO}@v2: config.json is not in the Hugging Face"):
+    with pytest.raises(CheckpointNotFoundError, match=rf"{REPO}@v2: config.json is not on this machine"):
         sapiens2.from_pretrained(REPO, device="cpu", revision="v2")
 
 
 def test_checkpoint_dir_without_the_repo_falls_back_to_the_hub(empty_hf_home, tmp_path, monkeypatch):
     monkeypatch.setenv(hub.CHECKPOINT_DIR_ENV, str(tmp_path / "mine"))
-    with pytest.raises(CheckpointNotFoundError, match=rf"{hub.CHECKPOINT_DIR_ENV}={tmp_path / 'mine'}"):
+    with pytest.raises(CheckpointNotFoundError, match="It is not in the checkpoint folder either") as error:
         sapiens2.from_pretrained(REPO, device="cpu")
+    assert str(tmp_path) not in str(error.value), "the message shows no folder of the server"
 
 
 def cache_in_hf_home(hf_home: Path, source: Path, names: list[str]) -> Path:
@@ -409,6 +492,12 @@ def test_hugging_face_cache_is_used_offline(empty_hf_home, pose_dir):
     assert sapiens2.checkpoint_download_size(REPO) == 0
 
 
+@pytest.fixture
+def reachable_hub(monkeypatch):
+    """The Hub taken as reachable without asking it: the test's stand-ins answer for it."""
+    monkeypatch.setattr(hub_access, "reachable", lambda: True)
+
+
 def http_response(status: int) -> httpx.Response:
     return httpx.Response(status, request=httpx.Request("GET", f"https://huggingface.co/{REPO}"))
 
@@ -425,7 +514,9 @@ def http_response(status: int) -> httpx.Response:
         (LocalEntryNotFoundError("no"), CheckpointNotFoundError, "could not be downloaded"),
     ],
 )
-def test_hub_failures_become_one_clear_error(monkeypatch, no_checkpoint_dir, raised, expected, message):
+def test_hub_failures_become_one_clear_error(
+    monkeypatch, no_checkpoint_dir, reachable_hub, raised, expected, message
+):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
@@ -438,7 +529,7 @@ def test_hub_failures_become_one_clear_error(monkeypatch, no_checkpoint_dir, rai
     assert REPO in str(error.value)
 
 
-def test_download_size_counts_only_what_is_not_cached(empty_hf_home, pose_dir, monkeypatch):
+def test_download_size_counts_only_what_is_not_cached(empty_hf_home, pose_dir, monkeypatch, reachable_hub):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     sizes = {hub.CONFIG_NAME: 2_000, hub.WEIGHTS_NAME: 5_000_000, "README.md": 10}
@@ -514,3 +605,51 @@ def test_processor_config_dir_finds_the_file_or_answers_none(tmp_path, monkeypat
     assert hub.processor_config_dir("facebook/sapiens2-seg-0.4b") is None
     assert hub.processor_config_dir(str(with_file)) == with_file
     assert hub.processor_config_dir("facebook/sapiens2-pose-0.4b") is None  # offline, nothing cached
+
+
+class SilentServer:
+    """A local TCP server that accepts connections and never answers: a Hub that cannot be reached."""
+
+    def __init__(self):
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.accepted = 0
+        self.connections = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+
+    def _accept(self):
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.connections.append(connection)
+
+    def close(self):
+        for connection in self.connections:
+            connection.close()
+        self.socket.close()
+
+
+def test_an_unreachable_hub_is_asked_once_and_every_file_fails_at_once(empty_hf_home, monkeypatch):
+    silent = SilentServer()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", silent.url)
+    hub_access.forget()
+    try:
+        for _ in range(3):
+            with pytest.raises(CheckpointNotFoundError) as error:
+                sapiens2.from_pretrained(REPO, device="cpu")
+            assert "the Hugging Face Hub cannot be reached from it" in str(error.value)
+            assert "HF_HUB_OFFLINE=1" in str(error.value)
+        assert sapiens2.checkpoint_download_size(REPO) is None
+        assert hub.processor_config_dir(REPO) is None
+        assert silent.accepted == 1, "one short request told the machine has no connection"
+    finally:
+        hub_access.forget()
+        silent.close()

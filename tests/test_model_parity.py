@@ -102,6 +102,27 @@ def test_pose_flip_back_matches_reference(tmp_path):
     assert relative_error(unflipped.heatmaps, actual.heatmaps) > 0.1
 
 
+@pytest.mark.parametrize(
+    ("upsample_kernels", "conv_kernels", "reference_size"),
+    [([3, 3], [1, 1, 1], (13, 9)), ([2, 2], [1, 1, 1], (10, 6)), ([4, 4], [3, 3, 1], (12, 8))],
+)
+def test_deconv_head_sizes_follow_upstream_where_transformers_differs(
+    upsample_kernels, conv_kernels, reference_size, tmp_path
+):
+    """transformers pads every transposed conv by 1 and a deconv head's refinement convs by 0, so kernels of
+    2 or 3, or 3x3 refinement convs, shrink its heatmaps; ours keep upstream's 4x (see docs/fidelity.md and
+    tests/test_upstream_parity.py). The checkpoint itself loads the same."""
+    config = tiny_config("pose")
+    config["head_config"].update(upsample_kernel_sizes=upsample_kernels, conv_kernel_sizes=conv_kernels)
+    directory = write_transformers_checkpoint(tmp_path, config)
+    reference = transformers.Sapiens2ForPoseEstimation.from_pretrained(directory).eval()
+    pixel_values = torch.randn(INPUT, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert tuple(reference(pixel_values).heatmaps.shape[-2:]) == reference_size
+    with torch.inference_mode():
+        assert tuple(load_ours(directory)(pixel_values).heatmaps.shape[-2:]) == (16, 12)
+
+
 def test_tiny_pose_keeps_official_labels():
     config = Sapiens2Config.from_dict(tiny_config("pose"))
     assert config.num_labels == 308

@@ -167,7 +167,8 @@ def test_every_bad_file_gets_a_sentence_or_a_correct_result(server, client, batt
         )
         picture, summary, _, files = client.predict(payload, api_name="/features")
         height, width = case.size
-        assert picture_size(picture) == (width, height)
+        shown = min(1.0, app.SHOWN_MAX_SIDE / max(height, width))  # the page gets at most 4096 px
+        assert picture_size(picture) == (round(width * shown), round(height * shown))
         if case.note:
             assert case.note in summary
         assert len(files) == 2 and all(np.isfinite(np.load(path)).all() for path in files)
@@ -231,15 +232,15 @@ def test_the_person_cap_setting_is_checked(monkeypatch):
 @pytest.mark.parametrize(
     "api_name, options, expected",
     [
-        ("/pose", {"threshold": 5}, "must be between 0.0 and 1.0"),
-        ("/pose", {"threshold": -0.1}, "must be between 0.0 and 1.0"),
-        ("/pose", {"threshold": "abc"}, "must be a number"),
-        ("/pose", {"threshold": [1, 2]}, "must be a number"),
+        ("/pose", {"threshold": 5}, "must be a number between 0 and 1, not 5."),
+        ("/pose", {"threshold": -0.1}, "must be a number between 0 and 1, not -0.1."),
+        ("/pose", {"threshold": "abc"}, "must be a number between 0 and 1, not 'abc'."),
+        ("/pose", {"threshold": [1, 2]}, "must be a number between 0 and 1, not a list."),
         ("/features", {"size": "7b"}, "Features has no 7b model; choose one of 0.1b"),
-        ("/segment", {"size": 5}, "Body parts has no 5 model"),
+        ("/segment", {"size": 5}, "Option 'size' must be one of 0.4b, 0.8b, 1b, 5b, not 5."),
         ("/segment", {"size": "../../etc"}, "has no ../../etc model"),
-        ("/matting", {"background_color": "nope"}, "Colour 'nope' is not understood"),
-        ("/matting", {"background_color": 12}, "Colour 12 is not understood"),
+        ("/matting", {"background_color": "nope"}, "Option 'background_color' must be a colour"),
+        ("/matting", {"background_color": 12}, "must be a colour: use '#rrggbb' or 'rgb(r, g, b)'"),
     ],
 )
 def test_options_out_of_range_or_of_the_wrong_type_get_a_sentence(client, api_name, options, expected):
@@ -273,11 +274,13 @@ def test_an_upload_name_never_builds_a_path(server, name):
     event, outputs = call(server.url, "features", [upload(server.url, GOOD_PHOTO.read_bytes(), name), "0.1b"])
     assert event == "complete"
     folder = server.scratch.folders()[-1]
-    written = sorted(path.name for path in folder.iterdir())
+    written = sorted(path.name for path in folder.iterdir() if path.is_file())
     offered = sorted(Path(item["path"]).name for item in outputs[3])
     assert written == offered and len(written) == 2
-    for file_name in written:
-        assert re.fullmatch(r"\w[\w.-]*_(cls|patches)\.npy", file_name), file_name
+    shown = [path.name for path in (folder / "shown").iterdir()]
+    assert shown == [Path(outputs[0]["path"]).name]
+    for file_name in written + shown:
+        assert re.fullmatch(r"\w[\w.-]*_(cls\.npy|patches\.npy|features_pca\.png)", file_name), file_name
         assert len(file_name) <= 140
     if name == TRAVERSAL_NAME:
         assert written == ["passwd_cls.npy", "passwd_patches.npy"]
@@ -301,7 +304,8 @@ def test_a_path_on_the_server_is_never_opened(server, client, api_name):
 
 
 def test_a_path_on_the_server_is_never_opened_as_a_video(server, client):
-    # The video input is preprocessed by Gradio, which refuses a path unless it was uploaded.
+    # The video's data model is a file: Gradio refuses a path it did not receive as an upload, marked or
+    # not (and the app would too: it reads only files in the upload folder).
     secret = str(GOOD_PHOTO.resolve())
     for payload in ({"path": secret}, {"path": secret, "meta": {"_type": "gradio.FileData"}}):
         assert call(server.url, "video", [payload, "segment", "0.4b"]) == ("error", {"error": None})

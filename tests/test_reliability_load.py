@@ -27,8 +27,8 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-from app_server import PHOTOS, environment, free_port, running_app, tiny_detector, wait_until_idle
-from gradio_client import Client, handle_file
+from app_server import PHOTOS, Client, environment, free_port, running_app, tiny_detector, wait_until_idle
+from gradio_client import handle_file
 from gradio_client.utils import QueueError
 from PIL import Image
 
@@ -84,13 +84,15 @@ class Concurrency:
 
 
 class Clients:
-    """CLIENTS API clients, each in its own thread, sending requests and sorting the answers.
+    """CLIENTS API clients, each used by one thread only, sending requests and sorting the answers.
 
-    Request i goes to ENDPOINTS[i % 2]; an answer is a result, a queue-full answer, or a failure.
+    Request i goes to ENDPOINTS[i % 2]; an answer is a result, a queue-full answer, or a failure. A Client
+    is never used by two threads at once (see app_server.Client for the race that would open).
     """
 
     def __init__(self, url: str):
-        self.clients = [Client(url, verbose=False, download_files=False) for _ in range(CLIENTS)]
+        self.url = url
+        self.local = threading.local()
         self.outcomes: Counter[str] = Counter()
         self.failures: list[str] = []
         self.lock = threading.Lock()
@@ -102,7 +104,9 @@ class Clients:
                 pass
 
     def _one(self, index: int, photo: Path) -> None:
-        client = self.clients[index % CLIENTS]
+        client = getattr(self.local, "client", None)
+        if client is None:
+            client = self.local.client = Client(self.url, verbose=False, download_files=False)
         endpoint = ENDPOINTS[index % len(ENDPOINTS)]
         try:
             outputs = client.predict(handle_file(str(photo)), api_name=endpoint)
@@ -206,17 +210,18 @@ def test_requests_beyond_the_queue_get_a_clear_queue_full_answer_and_the_rest_ar
             f"{server.url}gradio_api/upload", files=[("files", ("photo.jpg", buffer.getvalue()))]
         ).json()[0]
         photo = {"path": uploaded, "meta": {"_type": "gradio.FileData"}}
-        # One request runs (held), MAX_QUEUE wait, and every one after them is turned away at once.
+        # MODEL_WORKERS requests run (one holds the forward, the next waits for the device), MAX_QUEUE
+        # wait in the queue, and every one after them is turned away at once.
         accepted, refused = [], []
-        for index in range(app.MAX_QUEUE + 6):
+        for index in range(app.MAX_QUEUE + app.MODEL_WORKERS + 5):
             response = httpx.post(f"{server.url}gradio_api/call/features", json={"data": [photo, "0.1b"]})
             if response.status_code == 200:
                 accepted.append(response.json()["event_id"])
             else:
                 refused.append(response)
-            if index == 0:
-                time.sleep(1.0)  # the first request leaves the queue for the held forward
-        assert len(accepted) == app.MAX_QUEUE + 1
+            if index < app.MODEL_WORKERS:
+                time.sleep(1.0)  # the first requests leave the queue for the held forward
+        assert len(accepted) == app.MAX_QUEUE + app.MODEL_WORKERS
         assert [response.status_code for response in refused] == [503] * 5
         assert all(f"Queue is full. Max size is {app.MAX_QUEUE}" in r.json()["detail"] for r in refused)
 
@@ -234,7 +239,7 @@ def test_gradio_deletes_the_uploads_and_answers_it_keeps(small_mirror, tmp_path)
     cache = tmp_path / "gradio"
     with environment(GRADIO_TEMP_DIR=str(cache), SAPIENS2_CHECKPOINT_DIR=str(small_mirror)):
         demo = app.build_app(Runtime(device="cpu", dtype="fp32"), ScratchSpace(tmp_path / "scratch"))
-        assert demo.delete_cache == (1800, 3600)
+        assert demo.delete_cache == (app.CACHE_SWEEP, app.CACHE_LIFE)
         demo.delete_cache = (2, 2)
         port = free_port()
         app.launch(demo, port=port, prevent_thread_lock=True)

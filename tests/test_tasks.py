@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tiny_models import write_tiny_4k_checkpoint
 
 from sapiens2.detector import YoloPersonDetector
 from sapiens2.images import load_image
-from sapiens2.kinds import SEG
+from sapiens2.kinds import POINTMAP, SEG
 from sapiens2.metadata import body_parts
+from sapiens2.postprocess import pointmap_to_image, to_hwc
 from sapiens2.processing import preprocess
 from sapiens2.runtime import Runtime
 from sapiens2.tasks import ALL_TASKS, TASKS, get_task
@@ -65,7 +67,8 @@ def test_registry_declares_each_task_once_with_its_sizes():
     assert list(TASKS) == ["pose", "segment", "normals", "depth", "matting", "features"]
     assert ALL_TASKS == ("pose", "segment", "normals", "depth", "matting")
     assert list(get_task("matting").repos) == ["1b"]
-    assert list(get_task("features").repos) == ["0.1b", "0.4b", "0.8b", "1b", "5b"]
+    assert list(get_task("features").repos) == ["0.1b", "0.4b", "0.8b", "1b", "1b-4k", "5b"]
+    assert get_task("features").repo_id("1b-4k") == "facebook/sapiens2-pretrain-1b-4k"
     assert get_task("pose").repo_id("1b") == "facebook/sapiens2-pose-1b"
     with pytest.raises(ValueError, match="no 0.1b model"):
         get_task("pose").repo_id("0.1b")
@@ -74,7 +77,7 @@ def test_registry_declares_each_task_once_with_its_sizes():
     assert normals.helper_repo_id("/models/my-normal-checkpoint") == "facebook/sapiens2-seg-0.4b"
     with pytest.raises(ValueError, match="no option"):
         get_task("segment").coerce_options({"colour": 1})
-    with pytest.raises(ValueError, match="between 0.0 and 1.0"):
+    with pytest.raises(ValueError, match="between 0 and 1"):
         get_task("pose").coerce_options({"threshold": 2})
 
 
@@ -112,6 +115,71 @@ def test_flip_test_changes_keypoints_but_not_their_count(runtime, photo):
     flipped = runtime.run("pose", photo, flip_test=True).prediction.persons
     assert len(plain) == len(flipped)
     assert not np.allclose(plain[0].keypoints, flipped[0].keypoints)
+
+
+def test_progress_says_each_stage_in_order(runtime, photo):
+    pose, depth = [], []
+    runtime.run("pose", photo, progress=lambda fraction, text: pose.append(text))
+    runtime.run("depth", photo, progress=lambda fraction, text: depth.append(text))
+    persons = len(runtime.run("pose", photo).prediction.persons)
+    noun = "person" if persons == 1 else "persons"
+    assert pose == ["detecting persons", f"running the model on {persons} {noun}", "drawing the pictures"]
+    assert depth == ["running the model", "running the body-part model", "drawing the pictures"]
+
+
+def test_flip_test_is_on_by_default_with_a_gpu_and_off_on_the_cpu(runtime):
+    pose = get_task("pose")
+    (flip,) = [option for option in pose.options if option.name == "flip_test"]
+    assert "GPU" in flip.help and "CPU" in flip.help
+    assert flip.default_text == "on with a GPU, off on the CPU"
+    assert pose.coerce_options({}, "cuda:0")["flip_test"] is True
+    assert pose.coerce_options({}, "cpu")["flip_test"] is False
+    assert pose.coerce_options({"flip_test": True}, "cpu")["flip_test"] is True
+    assert {o.name: o.default for o in runtime.options("pose")}["flip_test"] is False
+    with pytest.raises(TypeError, match="on_device"):
+        flip.coerce(None)
+
+
+def test_depth_is_smoothed_by_default_in_pictures_and_exports(runtime, tmp_path):
+    """On a photo larger than the model input the depth is smoothed before being enlarged, as the official
+    demo does; `smooth=False` gives the plain resize. The .npy and .ply exports follow the option."""
+    photo = load_image(np.asarray(Image.open(PHOTOS[1]).convert("RGB").resize((1200, 1600))))
+    repo_id = get_task("depth").repo_id(None)
+    settings = runtime.settings(repo_id, POINTMAP)
+    outputs = runtime.forward(runtime.model(repo_id), preprocess([photo.model_rgb], settings))
+    expected = {
+        smooth: to_hwc(
+            pointmap_to_image(
+                outputs.pointmaps,
+                outputs.scales,
+                photo.model_size,
+                settings,
+                photo.original_size,
+                smooth,
+            )[0]
+        )
+        for smooth in (True, False)
+    }
+    for smooth in (True, False):
+        result = runtime.run("depth", photo, remove_background=False, smooth=smooth)
+        np.testing.assert_allclose(result.prediction, expected[smooth], rtol=1e-5, atol=1e-5)
+        depth_npy, ply = result.export(tmp_path / str(smooth), "photo")
+        np.testing.assert_array_equal(np.load(depth_npy), result.prediction[..., 2])
+        vertices, _ = read_ply(ply)
+        np.testing.assert_array_equal(vertices["z"], result.prediction[..., 2].ravel())
+    assert np.abs(expected[True] - expected[False]).max() > 1e-3
+
+
+def test_features_run_the_4k_backbone_at_its_own_resolution(tmp_path, monkeypatch, photo):
+    """The 4K entry of the Features task: a tiny 4K backbone whose config says 256x192 (4096x3072 for the
+    real one) and that has no preprocessor_config.json runs at that size, on its 4x3 grid of window tokens."""
+    write_tiny_4k_checkpoint(tmp_path / "facebook/sapiens2-pretrain-1b-4k", image_size=(256, 192))
+    monkeypatch.setenv("SAPIENS2_CHECKPOINT_DIR", str(tmp_path))
+    result = Runtime(device="cpu").run("features", photo, size="1b-4k")
+    cls, patches = result.prediction
+    assert cls.shape == (32,) and patches.shape == (32, 4, 3)
+    assert result.pictures[0][1].shape == (*photo.original_size, 3)
+    assert "4x3 patch grid" in result.summary
 
 
 def test_segmentation_export_matches_prediction(runtime, photo, tmp_path):

@@ -235,17 +235,8 @@ def test_pose_sizes_grow_with_the_image(photo):
     np.testing.assert_array_equal(picture, photo)
 
 
-def test_grid_lays_titled_pictures_out():
-    red = np.zeros((100, 50, 3), np.uint8)
-    red[..., 0] = 255
-    blue = np.zeros((200, 200, 3), np.uint8)
-    blue[..., 2] = 255
-    row = visualize.grid([red, blue], ["Red", "Blue"], height=100)
-    assert row.shape[0] > 100 and row.shape[1] == 50 + 8 + 100
-    assert tuple(row[-1, 10]) == (255, 0, 0) and tuple(row[-1, -10]) == (0, 0, 255)
-    title_bar = row[: row.shape[0] - 100]
-    assert (title_bar != visualize._PANEL).any(), "titles are written"
-    stacked = visualize.grid([red, blue, red], height=100, columns=2)
-    assert stacked.shape == (2 * 100 + 8, 50 + 8 + 100, 3)
-    with pytest.raises(ValueError):
-        visualize.grid([red], ["a", "b"])
+def test_pictures_for_the_page_are_shrunk_to_a_longest_side():
+    picture = np.zeros((6000, 8000, 3), np.uint8)
+    assert visualize.fit_for_display(picture, 4096).shape == (3072, 4096, 3)
+    small = np.zeros((600, 512, 3), np.uint8)
+    assert visualize.fit_for_display(small, 4096) is small

@@ -117,6 +117,47 @@ def write_tiny_checkpoint(
     return write_transformers_checkpoint(directory, config, seed=seed)
 
 
+def tiny_4k_config(image_size: tuple[int, int] = (256, 192)) -> dict[str, Any]:
+    """Config dict of a tiny 4K backbone (the official 1b-4k layout: 4x4-window tokenizer, here 2 blocks).
+
+    transformers has no 4K tokenizer, so this config is this package's own config.json format.
+    """
+    config = tiny_config("pretrain", "1b-4k", image_size=image_size)
+    config["num_tokenizer_layers"] = 2
+    return config
+
+
+def write_tiny_4k_checkpoint(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    image_size: tuple[int, int] = (256, 192),
+    file_name: str | None = None,
+) -> Path:
+    """Write a tiny random 4K backbone: config.json + model.safetensors, or with `file_name` only that weight
+    file (an original checkpoint, configured by its name); returns the directory."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from sapiens2.config import Sapiens2Config
+    from sapiens2.models import build_model
+
+    config = tiny_4k_config(image_size)
+    torch.manual_seed(seed)
+    model = build_model(Sapiens2Config.from_dict(config))
+    randomize_constants(model, torch.Generator().manual_seed(seed))
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    if file_name is not None:
+        save_file(weights, directory / file_name)
+        return directory
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(weights, directory / "model.safetensors")
+    return directory
+
+
 def write_tiny_mirror(root: str | Path, repo_ids: Iterable[str] = ALL_REPO_IDS, *, seed: int = 0) -> Path:
     """Write `<root>/<repo id>/` with a tiny checkpoint for each official repo id; returns `root`."""
     root = Path(root)

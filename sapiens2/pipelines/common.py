@@ -1,38 +1,53 @@
-"""Steps shared by the whole-photo tasks: model inputs from photos and results timed per photo."""
+"""Steps shared by the whole-photo tasks: the photo resized for a model, and that model's forward."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ..images import LoadedImage
 from ..kinds import ModelKind
-from ..processing import ProcessorSettings, preprocess
-from ..results import TaskResult, Timings
+from ..processing import image_to_tensor, normalize, resize_image
 from .context import PipelineContext
+from .steps import Photo, Step
+
+INPUT = "input"  # values key of the task model's input; a helper model's input is under its kind's name
 
 
-def model_sizes(images: Sequence[LoadedImage]) -> list[tuple[int, int]]:
-    """(height, width) of what the model sees of each photo (after any downscale for very large photos)."""
-    return [image.model_rgb.shape[:2] for image in images]
+def resize_step(name: str = INPUT, repo_id: str | None = None, kind: ModelKind | None = None) -> Step:
+    """A CPU step putting each photo resized (and padded) for `repo_id`'s model (default: the task's) under
+    values[name], as uint8 (1, 3, H, W): four times smaller than the float input it becomes."""
+
+    def run(context: PipelineContext, photos: Sequence[Photo]) -> None:
+        settings = context.settings(repo_id, kind)
+        for photo in photos:
+            photo.values[name] = resize_image(image_to_tensor(photo.image.model_rgb), settings)
+
+    return Step(f"resize_{name}", run)
 
 
-def forward_photos(
+def forward_inputs(
     context: PipelineContext,
-    images: Sequence[LoadedImage],
+    photos: Sequence[Photo],
+    name: str = INPUT,
     repo_id: str | None = None,
     kind: ModelKind | None = None,
-) -> tuple[Any, ProcessorSettings]:
-    """The output dataclass of `repo_id`'s model (default: the task's) for whole photos, and its processor
-    settings; preprocessing and the forward count as model time."""
+    stage: str = "running the model",
+) -> Any:
+    """The output dataclass of `repo_id`'s model (default: the task's) for the photos' values[name], the
+    forward reported as `stage`."""
     model = context.model(repo_id)
     settings = context.settings(repo_id, kind)
-    with context.timings.measure("model"):
-        outputs = context.forward(model, preprocess([image.model_rgb for image in images], settings))
-    return outputs, settings
+    pixels = torch.cat([photo.values.pop(name) for photo in photos])
+    context.stage(stage)
+    return context.forward(model, normalize(pixels, settings))
+
+
+def model_sizes(photos: Sequence[Photo]) -> list[tuple[int, int]]:
+    """(height, width) of what the model sees of each photo (after any downscale for very large photos)."""
+    return [photo.image.model_size for photo in photos]
 
 
 def row(outputs: Any, index: int) -> Any:
@@ -43,25 +58,3 @@ def row(outputs: Any, index: int) -> Any:
         for value in [getattr(outputs, item.name)]
     }
     return type(outputs)(**values)
-
-
-def photo_results(
-    context: PipelineContext,
-    images: Sequence[LoadedImage],
-    make: Callable[[int, LoadedImage, Timings], TaskResult],
-    own_timings: Sequence[Timings] | None = None,
-) -> list[TaskResult]:
-    """One result per photo from `make(index, image, timings)`, which measures its drawing as "pictures"
-    in `timings`; the rest of its time counts as decoding. Each result carries its share of the batch's
-    timings plus its `own_timings` (those measured for that photo alone, such as detection)."""
-    share = context.timings.share(len(images))
-    results = []
-    for index, image in enumerate(images):
-        post = Timings()
-        with post.measure("decode"):
-            result = make(index, image, post)
-        post.decode -= post.pictures  # measured inside make, within the decode span
-        alone = own_timings[index] if own_timings is not None else Timings()
-        result.timings = share + alone + post
-        results.append(result)
-    return results

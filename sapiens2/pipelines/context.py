@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
+from ..config import Sapiens2Config
 from ..detector import Detections
 from ..images import LoadedImage
 from ..kinds import ModelKind
 from ..processing import ProcessorSettings
+from ..progress import Progress
 from ..results import Timings
 
 if TYPE_CHECKING:
     from ..tasks import Task
-
-Progress = Callable[[float, str], None]
 
 
 class ModelHost(Protocol):
@@ -28,9 +28,16 @@ class ModelHost(Protocol):
 
     def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings: ...
 
+    def stage(self, text: str) -> None:
+        """Say what the run is doing now ("running the model", ...)."""
+        if self.progress is not None:
+            self.progress(None, text)
+
     def forward(self, model: nn.Module, pixel_values: torch.Tensor, **kwargs: Any) -> Any: ...
 
     def detect(self, image: LoadedImage) -> Detections: ...
+
+    def config(self, repo_id: str) -> Sapiens2Config: ...
 
 
 @dataclass
@@ -44,14 +51,35 @@ class PipelineContext:
     options: Mapping[str, Any]
     progress: Progress | None = None
     timings: Timings = field(default_factory=Timings)
+    notes: list[str] = field(default_factory=list)  # for the user, added to every photo's result
 
     def model(self, repo_id: str | None = None) -> nn.Module:
         """The cached model of `repo_id` (default: the task's checkpoint), loaded on first use."""
         return self.host.model(repo_id or self.repo_id, self.progress)
 
+    def config(self, repo_id: str | None = None) -> Sapiens2Config:
+        """The config of `repo_id` (default: the task's checkpoint), without loading its weights."""
+        return self.host.config(repo_id or self.repo_id)
+
     def settings(self, repo_id: str | None = None, kind: ModelKind | None = None) -> ProcessorSettings:
-        """How photos become inputs of `repo_id` (default: the task's checkpoint and kind)."""
-        return self.host.settings(repo_id or self.repo_id, kind or self.task.kind)
+        """How photos become inputs of `repo_id` (default: the task's checkpoint and kind); a note says so
+        when the model was built for another input size."""
+        settings = self.host.settings(repo_id or self.repo_id, kind or self.task.kind)
+        built_for = tuple(self.host.config(repo_id or self.repo_id).image_size)
+        if settings.size != built_for:
+            runs, built = f"{settings.height}x{settings.width}", f"{built_for[0]}x{built_for[1]}"
+            note = (
+                f"The model runs at {runs} (its preprocessor_config.json) but was built for {built} (its "
+                "config.json); results may be less accurate."
+            )
+            if note not in self.notes:
+                self.notes.append(note)
+        return settings
+
+    def stage(self, text: str) -> None:
+        """Say what the run is doing now ("running the model", ...)."""
+        if self.progress is not None:
+            self.progress(None, text)
 
     def forward(self, model: nn.Module, pixel_values: torch.Tensor, **kwargs: Any) -> Any:
         """The model's output dataclass (float32 fields) for a batch of inputs."""

@@ -6,14 +6,26 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..export import write_depth, write_point_cloud
-from ..images import LoadedImage
+from ..export import write_depth, write_point_cloud, write_point_cloud_preview
+from ..options import Option
 from ..postprocess import pointmap_to_image, to_hwc
-from ..results import TaskResult, Timings
+from ..results import TaskResult
 from ..visualize import depth_picture
-from .common import forward_photos, model_sizes, photo_results, row
+from .common import forward_inputs, resize_step, row
 from .context import PipelineContext
-from .segment import background_masks
+from .segment import background_masks, helper_resize_step
+from .steps import Photo, Pipeline, Step
+
+OPTIONS = (
+    Option(
+        "smooth",
+        "Smooth the depth as the official demo does",
+        "checkbox",
+        True,
+        help="A light Gaussian blur of the predicted points before they are enlarged to the photo; the "
+        "picture, the point cloud and the exported .npy and .ply all show the smoothed points.",
+    ),
+)
 
 
 def _exporter(points: np.ndarray, rgb: np.ndarray, foreground: np.ndarray):
@@ -25,28 +37,40 @@ def _exporter(points: np.ndarray, rgb: np.ndarray, foreground: np.ndarray):
     return export
 
 
-def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
-    outputs, settings = forward_photos(context, images)
-    masks = background_masks(context, images)
-    sizes = model_sizes(images)
+def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    outputs = forward_inputs(context, photos)
+    for index, (photo, mask) in enumerate(zip(photos, background_masks(context, photos), strict=True)):
+        photo.values["pointmap"], photo.values["mask"] = row(outputs, index), mask
 
-    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
-        output = row(outputs, index)
-        pointmap = pointmap_to_image(
-            output.pointmaps, output.scales, sizes[index], settings, image.original_size
-        )
-        points = np.ascontiguousarray(to_hwc(pointmap[0]))
-        mask = masks[index]
-        foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
-        with timings.measure("pictures"):
-            picture = depth_picture(points[..., 2], foreground)
-        return TaskResult(
-            task=context.task.name,
-            model_id=context.repo_id,
-            pictures=[("Depth", picture)],
-            prediction=points,
-            exporter=_exporter(points, image.rgb, foreground),
-            summary=f"{int(foreground.sum())} foreground points.",
-        )
 
-    return photo_results(context, images, make)
+def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+    image, output = photo.image, photo.values["pointmap"]
+    pointmap = pointmap_to_image(
+        output.pointmaps,
+        output.scales,
+        image.model_size,
+        context.settings(),
+        image.original_size,
+        smooth=context.options["smooth"],
+    )
+    points = np.ascontiguousarray(to_hwc(pointmap[0]))
+    mask = photo.values["mask"]
+    foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
+    with photo.timings.measure("pictures"):
+        picture = depth_picture(points[..., 2], foreground)
+    return TaskResult(
+        task=context.task.name,
+        model_id=context.repo_id,
+        pictures=[("Depth", picture)],
+        prediction=points,
+        exporter=_exporter(points, image.rgb, foreground),
+        summary=f"{int(foreground.sum())} foreground points.",
+        viewer=lambda directory, stem: write_point_cloud_preview(
+            directory, stem, points, image.rgb, foreground
+        ),
+    )
+
+
+PIPELINE = Pipeline(
+    (resize_step(), helper_resize_step(), Step("forward", _forward, uses_model=True)), _finish
+)

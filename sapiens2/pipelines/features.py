@@ -4,32 +4,42 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..export import write_features
-from ..images import LoadedImage
-from ..results import TaskResult, Timings
+from ..results import TaskResult
 from ..visualize import pca_picture
-from .common import forward_photos, photo_results
+from .common import forward_inputs, resize_step
 from .context import PipelineContext
+from .steps import Photo, Pipeline, Step
 
 
-def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
-    outputs, settings = forward_photos(context, images)
-    patch = context.model().config.patch_size
-    rows, columns = settings.height // patch[0], settings.width // patch[1]
-    tokens = outputs.last_hidden_state
+def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    tokens = forward_inputs(context, photos).last_hidden_state
+    rows, columns = context.model().config.token_grid(context.settings().size)
+    for index, photo in enumerate(photos):
+        photo.values["cls"] = tokens[index, 0].cpu().numpy()
+        photo.values["patches"] = tokens[index, -rows * columns :].T.reshape(-1, rows, columns).cpu().numpy()
 
-    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
-        cls = tokens[index, 0].cpu().numpy()
-        patches = tokens[index, -rows * columns :].T.reshape(-1, rows, columns).cpu().numpy()
-        with timings.measure("pictures"):
-            picture = pca_picture(patches, image.original_size)
-        return TaskResult(
-            task=context.task.name,
-            model_id=context.repo_id,
-            pictures=[("Features (PCA)", picture)],
-            prediction=(cls, patches),
-            exporter=lambda directory, stem: write_features(directory, stem, cls, patches),
-            summary=f"{patches.shape[0]}-dimensional features on a {rows}x{columns} patch grid.",
-        )
 
-    return photo_results(context, images, make)
+def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+    cls, patches = photo.values["cls"], photo.values["patches"]
+    _, rows, columns = patches.shape
+    with photo.timings.measure("pictures"):
+        picture = pca_picture(patches, photo.image.original_size)
+    return TaskResult(
+        task=context.task.name,
+        model_id=context.repo_id,
+        pictures=[("Features (PCA)", picture)],
+        prediction=(cls, patches),
+        exporter=lambda directory, stem: write_features(directory, stem, cls, patches),
+        summary=f"{patches.shape[0]}-dimensional features on a {rows}x{columns} patch grid.",
+    )
+
+
+def columns(result: TaskResult) -> dict[str, np.ndarray]:
+    """The photo's row in a table of results: its CLS embedding."""
+    return {"cls": result.prediction[0].astype(np.float32)}
+
+
+PIPELINE = Pipeline((resize_step(), Step("forward", _forward, uses_model=True)), _finish)

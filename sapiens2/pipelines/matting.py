@@ -11,10 +11,11 @@ from ..export import write_matting, write_picture
 from ..images import LoadedImage, load_image
 from ..options import Option
 from ..postprocess import alpha_to_uint8, composite, matting_to_image, to_hwc
-from ..results import TaskResult, Timings
+from ..results import TaskResult
 from ..visualize import alpha_picture, cutout_on_checkerboard
-from .common import forward_photos, photo_results
+from .common import forward_inputs, resize_step
 from .context import PipelineContext
+from .steps import Photo, Pipeline, Step
 
 OPTIONS = (
     Option("background_color", "Background colour", "color", "#00b140"),
@@ -39,30 +40,34 @@ def _exporter(rgb: np.ndarray, alpha: np.ndarray, blended: np.ndarray):
     return export
 
 
-def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
-    background = _background(context.options)
-    outputs, _ = forward_photos(context, images)
-
-    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
+def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    outputs = forward_inputs(context, photos)
+    for index, photo in enumerate(photos):
         part = slice(index, index + 1)
-        foreground, alpha = matting_to_image(
-            outputs.foregrounds[part], outputs.alphas[part], image.original_size
-        )
-        blended = to_hwc(composite(foreground, alpha, background)[0])
-        matte = to_hwc(alpha[0, 0])
-        with timings.measure("pictures"):
-            grey = alpha_to_uint8(matte)  # the pictures' and the files' matte, converted once
-            pictures = [
-                ("Alpha", alpha_picture(grey)),
-                ("Cut-out", cutout_on_checkerboard(image.rgb, grey)),
-                ("Composite", blended),
-            ]
-        return TaskResult(
-            task=context.task.name,
-            model_id=context.repo_id,
-            pictures=pictures,
-            prediction=matte,
-            exporter=_exporter(image.rgb, grey, blended),
-        )
+        photo.values["foreground"], photo.values["alpha"] = outputs.foregrounds[part], outputs.alphas[part]
 
-    return photo_results(context, images, make)
+
+def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+    image = photo.image
+    foreground, alpha = matting_to_image(
+        photo.values["foreground"], photo.values["alpha"], image.original_size
+    )
+    blended = to_hwc(composite(foreground, alpha, _background(context.options))[0])
+    matte = to_hwc(alpha[0, 0])
+    with photo.timings.measure("pictures"):
+        grey = alpha_to_uint8(matte)  # the pictures' and the files' matte, converted once
+        pictures = [
+            ("Alpha", alpha_picture(grey)),
+            ("Cut-out", cutout_on_checkerboard(image.rgb, grey)),
+            ("Composite", blended),
+        ]
+    return TaskResult(
+        task=context.task.name,
+        model_id=context.repo_id,
+        pictures=pictures,
+        prediction=matte,
+        exporter=_exporter(image.rgb, grey, blended),
+    )
+
+
+PIPELINE = Pipeline((resize_step(), Step("forward", _forward, uses_model=True)), _finish)

@@ -13,19 +13,24 @@ import torch
 from ..detector import Detections
 from ..export import POSE_FRAMES_SUFFIX, write_pose_frames_json, write_pose_json
 from ..images import LoadedImage
-from ..metadata import KeypointMeta, keypoints308
-from ..options import Option
+from ..metadata import KeypointMeta, keypoint_set, keypoints308
+from ..options import ByDevice, Option
 from ..pose import Person, decode_keypoints
 from ..processing import crop_persons
-from ..results import FrameLog, TaskResult, Timings
+from ..results import FrameLog, TaskResult
 from ..visualize import draw_pose
-from .common import photo_results
 from .context import PipelineContext
+from .steps import Photo, Pipeline, Step
 
 OPTIONS = (
     Option("threshold", "Keypoint threshold", "slider", 0.3, 0.0, 1.0, 0.05),
     Option(
-        "flip_test", "Flip test (average with the mirrored photo; twice the model time)", "checkbox", False
+        "flip_test",
+        "Flip test (average with the mirrored photo; twice the model time)",
+        "checkbox",
+        ByDevice(gpu=True, cpu=False),
+        help="On by default with a GPU, as in the official demo; off by default on the CPU, where it doubles "
+        "the model time.",
     ),
     Option("show_boxes", "Show person boxes", "checkbox", True),
 )
@@ -52,10 +57,13 @@ def _meta_for(names: tuple[str, ...]) -> KeypointMeta:
     return meta.with_names(names) if len(names) == len(meta.names) and all(names) else meta
 
 
-def keypoint_meta(model) -> KeypointMeta:
-    """Keypoint names from the checkpoint's id2label when complete, else the official 308."""
-    labels = model.config.id2label
-    return _meta_for(tuple(labels.get(i, "") for i in range(len(labels))))
+def keypoint_meta(config) -> KeypointMeta:
+    """Keypoint names from the checkpoint's id2label when complete, else the official 308; a model with
+    another keypoint count (fine-tuned) has its own names, flip pairs and skeleton."""
+    names = tuple(config.id2label.get(i, "") for i in range(len(config.id2label)))
+    if len(names) != len(keypoints308().names):
+        return keypoint_set(names, config.flip_pairs or (), config.skeleton or ())
+    return _meta_for(names)
 
 
 def _flip_pairs(model, meta: KeypointMeta) -> torch.Tensor:
@@ -85,51 +93,88 @@ def _summary(detections: Detections) -> tuple[str, list[str]]:
     return f"{count} person{'s' if count != 1 else ''} found.", notes
 
 
-def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
-    model = context.model()
+def _detect(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    context.stage("detecting persons")
+    for photo in photos:
+        photo.values["detections"] = context.host.detect(photo.image)
+
+
+def _crop(context: PipelineContext, photos: Sequence[Photo]) -> None:
     settings = context.settings()
-    meta = keypoint_meta(model)
-    options = context.options
-    detection_timings = [Timings() for _ in images]
-    detections = []
-    for image, timing in zip(images, detection_timings, strict=True):
-        with timing.measure("detection"):
-            detections.append(context.host.detect(image))
-    with context.timings.measure("model"):
-        crops = torch.cat(
-            [
-                crop_persons(image.model_rgb, found.boxes_xywh, settings)
-                for image, found in zip(images, detections, strict=True)
-            ]
-        )
-        heatmaps = context.forward(model, crops).heatmaps
-        flipped = None
-        if options["flip_test"]:
-            flipped = context.forward(model, crops.flip(-1), flip_pairs=_flip_pairs(model, meta)).heatmaps
-    starts = np.cumsum([0] + [len(found) for found in detections]).tolist()
+    for photo in photos:
+        found = photo.values["detections"]
+        photo.values["crops"] = crop_persons(photo.image.model_rgb, found.boxes_xywh, settings)
 
-    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
-        found, people = detections[index], slice(starts[index], starts[index + 1])
+
+def _keypoints(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    """Heatmaps of every person crop of the batch, decoded into each photo's keypoints and scores."""
+    model = context.model()
+    meta = keypoint_meta(model.config)
+    crops = torch.cat([photo.values.pop("crops") for photo in photos])
+    context.stage(f"running the model on {len(crops)} person{'s' * (len(crops) != 1)}")
+    heatmaps = context.forward(model, crops).heatmaps
+    flipped = None
+    if context.options["flip_test"]:
+        flipped = context.forward(model, crops.flip(-1), flip_pairs=_flip_pairs(model, meta)).heatmaps
+    starts = np.cumsum([0] + [len(photo.values["detections"]) for photo in photos]).tolist()
+    size = context.settings().size
+    for index, photo in enumerate(photos):
+        people = slice(starts[index], starts[index + 1])
         keypoints, scores = decode_keypoints(
-            heatmaps[people], found.boxes_xywh, settings.size, None if flipped is None else flipped[people]
+            heatmaps[people],
+            photo.values["detections"].boxes_xywh,
+            size,
+            None if flipped is None else flipped[people],
         )
-        persons = _in_photo_pixels(image, found, keypoints.cpu().numpy(), scores.cpu().numpy())
-        with timings.measure("pictures"):
-            picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])
-        summary, notes = _summary(found)
-        prediction = PosePrediction(persons, found, meta.names, image.original_size)
-        return TaskResult(
-            task=context.task.name,
-            model_id=context.repo_id,
-            pictures=[("Keypoints", picture)],
-            prediction=prediction,
-            exporter=_exporter(prediction, context.repo_id),
-            summary=summary,
-            notes=notes,
-            persons=len(prediction.detected),
-        )
+        photo.values["keypoints"], photo.values["scores"] = keypoints.cpu().numpy(), scores.cpu().numpy()
 
-    return photo_results(context, images, make, own_timings=detection_timings)
+
+def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+    # The metadata from the checkpoint's config: a CPU worker of a cluster reads it without the weights.
+    image, found, meta = photo.image, photo.values["detections"], keypoint_meta(context.config())
+    persons = _in_photo_pixels(image, found, photo.values["keypoints"], photo.values["scores"])
+    options = context.options
+    with photo.timings.measure("pictures"):
+        picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])
+    summary, notes = _summary(found)
+    prediction = PosePrediction(persons, found, meta.names, image.original_size)
+    return TaskResult(
+        task=context.task.name,
+        model_id=context.repo_id,
+        pictures=[("Keypoints", picture)],
+        prediction=prediction,
+        exporter=_exporter(prediction, context.repo_id),
+        summary=summary,
+        notes=notes,
+        persons=len(prediction.detected),
+    )
+
+
+PIPELINE = Pipeline(
+    (
+        Step("detect", _detect, uses_model=True, stage="detection"),
+        Step("crop", _crop),
+        Step("keypoints", _keypoints, uses_model=True),
+    ),
+    _finish,
+)
+
+
+def columns(result: TaskResult) -> dict[str, np.ndarray]:
+    """The photo's row in a table of results: boxes (x, y, w, h) and keypoints (x, y) in photo pixels, with
+    their scores; the persons the detector found (none when it fell back to the whole photo)."""
+    persons = result.prediction.detected
+    count = len(result.prediction.keypoint_names)
+    return {
+        "boxes": np.array([person.box for person in persons], dtype=np.float32).reshape(-1, 4),
+        "box_scores": np.array([person.box_score for person in persons], dtype=np.float32),
+        "keypoints": np.array([person.keypoints for person in persons], dtype=np.float32).reshape(
+            -1, count, 2
+        ),
+        "keypoint_scores": np.array([person.scores for person in persons], dtype=np.float32).reshape(
+            -1, count
+        ),
+    }
 
 
 def _exporter(prediction: PosePrediction, repo_id: str):

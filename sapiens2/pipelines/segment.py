@@ -9,38 +9,43 @@ import numpy as np
 import torch
 
 from ..export import write_segmentation
-from ..images import LoadedImage
-from ..kinds import ModelKind
-from ..metadata import BodyPartMeta, body_parts
+from ..kinds import SEG
+from ..metadata import BodyPartMeta, body_parts, class_set
 from ..options import Option
 from ..postprocess import segmentation_labels
-from ..results import TaskResult, Timings
+from ..results import TaskResult
 from ..visualize import label_counts, overlay_segmentation, segmentation_legend
-from .common import forward_photos, photo_results
+from .common import INPUT, forward_inputs, resize_step
 from .context import PipelineContext
+from .steps import Photo, Pipeline, Step
 
 OPTIONS = (Option("opacity", "Overlay opacity", "slider", 0.6, 0.0, 1.0, 0.05),)
+HELPER_INPUT = SEG.name  # values key of the helper body-part model's input, for the tasks that mask with it
 
 
 def body_part_labels(
-    context: PipelineContext,
-    images: Sequence[LoadedImage],
-    repo_id: str | None = None,
-    kind: ModelKind | None = None,
+    context: PipelineContext, photos: Sequence[Photo], name: str = INPUT, repo_id: str | None = None
 ) -> list[np.ndarray]:
-    """Class ids (H, W) uint8 at each photo's original size, from `repo_id` (default: the task's model)."""
-    outputs, _ = forward_photos(context, images, repo_id, kind)
-    labels = []
-    with context.timings.measure("decode"):
-        for index, image in enumerate(images):
-            logits = outputs.logits[index : index + 1]
-            labels.append(segmentation_labels(logits, image.original_size)[0].to(torch.uint8).cpu().numpy())
-    return labels
+    """Class ids (H, W) uint8 at each photo's original size from values[name], by `repo_id`'s body-part
+    model (default: the task's)."""
+    stage = "running the model" if repo_id is None else "running the body-part model"
+    logits = forward_inputs(context, photos, name, repo_id, SEG, stage).logits
+    return [
+        segmentation_labels(logits[index : index + 1], photo.image.original_size)[0]
+        .to(torch.uint8)
+        .cpu()
+        .numpy()
+        for index, photo in enumerate(photos)
+    ]
 
 
 def class_meta(context: PipelineContext) -> BodyPartMeta:
-    """Class names from the checkpoint's id2label when it has all 29, else the official list."""
-    return _meta_for(tuple(context.model().config.id2label.get(i, "") for i in range(29)))
+    """Class names from the checkpoint's id2label when it has all 29, else the official list; a model with
+    other classes (fine-tuned) has its own names and palette."""
+    config = context.config()  # read without the weights where the model is not loaded (a CPU worker)
+    if config.num_labels != len(body_parts().names) or config.palette:
+        return class_set(list(config.id2label.values()), config.palette)
+    return _meta_for(tuple(config.id2label.get(i, "") for i in range(config.num_labels)))
 
 
 @functools.lru_cache(maxsize=8)
@@ -49,34 +54,64 @@ def _meta_for(names: tuple[str, ...]) -> BodyPartMeta:
     return meta.with_names(names) if all(names) else meta
 
 
-def background_masks(context: PipelineContext, images: Sequence[LoadedImage]) -> list[np.ndarray | None]:
+# ---- the background mask of normals and depth: the helper body-part model's background class ----------
+
+
+def _masking(context: PipelineContext) -> bool:
+    return bool(context.options.get(context.task.helper_option))
+
+
+def _helper_repo_id(context: PipelineContext) -> str | None:
+    return context.task.helper_repo_id(context.repo_id)
+
+
+def helper_resize_step() -> Step:
+    """A CPU step resizing each photo for the helper body-part model, when the task's option asks for the
+    background mask."""
+
+    def run(context: PipelineContext, photos: Sequence[Photo]) -> None:
+        if _masking(context):
+            resize_step(HELPER_INPUT, _helper_repo_id(context), SEG).run(context, photos)
+
+    return Step(f"resize_{HELPER_INPUT}", run)
+
+
+def background_masks(context: PipelineContext, photos: Sequence[Photo]) -> list[np.ndarray | None]:
     """True where the task's helper body-part model sees background, when the task's option asks for it;
     else None per photo."""
-    task = context.task
-    if not context.options.get(task.helper_option):
-        return [None] * len(images)
-    labels = body_part_labels(context, images, task.helper_repo_id(context.repo_id), task.helper)
+    if not _masking(context):
+        return [None] * len(photos)
+    labels = body_part_labels(context, photos, HELPER_INPUT, _helper_repo_id(context))
     return [seg == 0 for seg in labels]
 
 
-def run(context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
-    labels = body_part_labels(context, images)
-    meta = class_meta(context)
-    opacity = context.options["opacity"]
+# ---- the task ---------------------------------------------------------------------------------------------
 
-    def make(index: int, image: LoadedImage, timings: Timings) -> TaskResult:
-        seg = labels[index]
-        with timings.measure("pictures"):
-            overlay = overlay_segmentation(image.rgb, seg, meta.palette, opacity)
-            legend = segmentation_legend(seg, meta)
-        present = int((label_counts(seg, len(meta.names))[1:] > 0).sum())
-        return TaskResult(
-            task=context.task.name,
-            model_id=context.repo_id,
-            pictures=[("Body parts", overlay), ("Legend", legend)],
-            prediction=seg,
-            exporter=lambda directory, stem: write_segmentation(directory, stem, seg),
-            summary=f"{present} body-part classes found." if present else "No person pixels found.",
-        )
 
-    return photo_results(context, images, make)
+def _labels(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    for photo, labels in zip(photos, body_part_labels(context, photos), strict=True):
+        photo.values["labels"] = labels
+
+
+def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+    seg, meta = photo.values["labels"], class_meta(context)
+    with photo.timings.measure("pictures"):
+        overlay = overlay_segmentation(photo.image.rgb, seg, meta.palette, context.options["opacity"])
+        legend = segmentation_legend(seg, meta)
+    present = int((label_counts(seg, len(meta.names))[1:] > 0).sum())
+    return TaskResult(
+        task=context.task.name,
+        model_id=context.repo_id,
+        pictures=[("Body parts", overlay), ("Legend", legend)],
+        prediction=seg,
+        exporter=lambda directory, stem: write_segmentation(directory, stem, seg),
+        summary=f"{present} body-part classes found." if present else "No person pixels found.",
+    )
+
+
+def columns(result: TaskResult) -> dict[str, np.ndarray]:
+    """The photo's row in a table of results: pixels per class id."""
+    return {"class_pixels": np.bincount(result.prediction.ravel(), minlength=29).astype(np.int64)}
+
+
+PIPELINE = Pipeline((resize_step(), Step("labels", _labels, uses_model=True)), _finish)

@@ -1,0 +1,116 @@
+"""A task's pipeline as steps that run together in one process or apart on a cluster (`sapiens2.scale`).
+
+Each step fills the photos' `values` for the next ones: CPU steps (preprocessing, crops) need no model;
+model steps (detection, forwards and the reductions that belong next to the model's outputs) run where
+the models live, on batches. `finish` turns one photo's values into its TaskResult on a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from ..images import LoadedImage
+from ..results import TaskResult, Timings
+from .context import PipelineContext
+
+Stage = Literal["detection", "model", "decode"]  # the Timings field a step's time counts to
+
+
+@dataclass
+class Photo:
+    """One photo on its way through a task's steps: what each step left for the next, and its timings."""
+
+    image: LoadedImage
+    values: dict[str, Any] = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)
+    seconds: dict[str, float] = field(default_factory=dict)  # per step name, this photo's share
+
+
+StepRun = Callable[[PipelineContext, Sequence[Photo]], None]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a task: `run(context, photos)` stores what it finds in each photo's values.
+
+    `uses_model`: the step needs the task's models or the person detector (a model stage on a cluster);
+    otherwise it runs on any CPU. `stage`: where its time is counted in the photos' Timings.
+    """
+
+    name: str
+    run: StepRun
+    uses_model: bool = False
+    stage: Stage = "model"
+
+    def apply(self, context: PipelineContext, photos: Sequence[Photo]) -> None:
+        """Run the step on `photos`, each photo getting an even share of the time it took."""
+        if not photos:
+            return
+        timing = Timings()
+        with timing.measure(self.stage):
+            self.run(context, photos)
+        share = timing.share(len(photos))
+        for photo in photos:
+            photo.timings += share
+            photo.seconds[self.name] = photo.seconds.get(self.name, 0.0) + share.total
+
+
+Finish = Callable[[PipelineContext, Photo], TaskResult]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A task's steps and its finish: run whole by `run`, or step by step by `sapiens2.scale`."""
+
+    steps: tuple[Step, ...]
+    finish: Finish
+
+    def run(self, context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
+        """One result per photo, in order: every step on the whole batch, then each photo finished."""
+        photos = [Photo(image) for image in images]
+        for step in self.steps:
+            step.apply(context, photos)
+        context.stage("drawing the pictures")
+        return [self.finished(context, photo) for photo in photos]
+
+    def finished(self, context: PipelineContext, photo: Photo) -> TaskResult:
+        """The photo's result, carrying the timings of every step. The finish counts as decoding, except
+        the drawing it measures as "pictures" in the photo's timings."""
+        post = Timings()
+        drawn = photo.timings.pictures
+        with post.measure("decode"):
+            result = self.finish(context, photo)
+        post.decode -= photo.timings.pictures - drawn  # measured within the decode span
+        photo.seconds["finish"] = post.total + photo.timings.pictures - drawn
+        result.timings = photo.timings + post
+        return result
+
+    def groups(self) -> list[tuple[bool, tuple[Step, ...]]]:
+        """Consecutive steps grouped by whether they use a model: (uses_model, steps) in order."""
+        groups: list[tuple[bool, tuple[Step, ...]]] = []
+        for step in self.steps:
+            if groups and groups[-1][0] == step.uses_model:
+                groups[-1] = (step.uses_model, groups[-1][1] + (step,))
+            else:
+                groups.append((step.uses_model, (step,)))
+        return groups
+
+
+def detached(value: Any) -> Any:
+    """`value` with every tensor in it (also inside lists, tuples, dicts and dataclasses) copied to the
+    CPU on its own storage, so that it pickles without the batch it was sliced from."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: detached(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(detached(item) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: detached(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    return value

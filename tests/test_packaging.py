@@ -1,0 +1,41 @@
+"""What a newcomer installs: one OpenCV build on purpose, the Space's system packages, the command line."""
+
+import importlib.metadata
+import re
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+OPENCV_BUILDS = {"opencv-python", "opencv-python-headless", "opencv-contrib-python"}
+
+
+def requirement_names(path: Path) -> list[str]:
+    lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+    return [re.split(r"[<>=!~\[; ]", line)[0].lower() for line in lines if line and not line.startswith("-")]
+
+
+def test_one_opencv_build_the_one_the_detector_requires():
+    detector_needs = {
+        re.split(r"[<>=!~\[; ]", requirement)[0].lower()
+        for requirement in importlib.metadata.requires("ultralytics")
+        if "extra ==" not in requirement
+    } & OPENCV_BUILDS
+    assert detector_needs == {"opencv-python"}
+    assert set(requirement_names(ROOT / "requirements.txt")) & OPENCV_BUILDS == detector_needs
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert {re.split(r"[<>=!~\[; ]", d)[0] for d in project["dependencies"]} & OPENCV_BUILDS == detector_needs
+
+
+def test_the_space_installs_the_libraries_the_gui_build_loads():
+    packages = (ROOT / "packages.txt").read_text().split()
+    assert packages == ["libgl1", "libglib2.0-0"], "one Debian package name per line, nothing else"
+
+
+def test_readme_commands_work_after_the_readme_install():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"sapiens2": "sapiens2.cli:main"}
+    readme = (ROOT / "README.md").read_text()
+    command = re.compile(r"\s*(python -m )?sapiens2 \w")
+    commands = [line.strip() for line in readme.splitlines() if command.match(line)]
+    assert commands and all(command.startswith("python -m sapiens2 ") for command in commands), commands

@@ -1,0 +1,110 @@
+"""The command line given inputs that are not regular files, names that are not UTF-8, and an --out that
+cannot hold the results: each gets a sentence (up front when it can be known up front) and the run goes on
+with the rest."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTO = ROOT / "assets" / "grace_hopper.jpg"
+
+
+@pytest.fixture
+def awkward_folder(tmp_path) -> Path:
+    """A good photo beside a FIFO named like a photo, a loop of links, a link to nowhere and a device."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(PHOTO, folder / "good.jpg")
+    os.mkfifo(folder / "pipe.jpg")
+    os.symlink("loop_b.png", folder / "loop_a.png")
+    os.symlink("loop_a.png", folder / "loop_b.png")
+    os.symlink("/nonexistent/photo.jpg", folder / "dangling.jpg")
+    os.symlink("/dev/zero", folder / "zero.mp4")
+    return folder
+
+
+def run_cli_process(*argv, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m sapiens2 ...` in its own process (a hang ends at the timeout, not the test run)."""
+    command = [sys.executable, "-m", "sapiens2", *map(os.fsdecode, argv)]
+    env = {**os.environ, **(environ or {})}
+    return subprocess.run(command, cwd=ROOT, capture_output=True, timeout=300, env=env)
+
+
+def test_fifos_devices_and_loops_of_links_are_reported_and_the_rest_runs(
+    awkward_folder, small_mirror, tmp_path
+):
+    done = run_cli_process(
+        "segment", awkward_folder, awkward_folder / "pipe.jpg", "--out", tmp_path / "out",
+        "--checkpoint-dir", small_mirror, "--device", "cpu", "--exports", "npy", "--no-pictures",
+    )  # fmt: skip
+    printed = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert "Traceback" not in printed + done.stderr.decode()
+    assert "pipe.jpg: It is a named pipe (FIFO), not an image or video file." in printed
+    assert "loop_a.png: 'loop_a.png' is a loop of symbolic links that never reaches a file." in printed
+    assert "zero.mp4: It is a character device, not an image or video file." in printed
+    assert "dangling.jpg: It is a link to a file that does not exist." in printed
+    assert (tmp_path / "out" / "good_segmentation.npy").is_file()
+
+
+def test_a_file_name_that_is_not_utf8_on_a_strict_utf8_terminal(small_mirror, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(PHOTO, os.path.join(os.fsencode(folder), b"caf\xe9_\xff.jpg"))  # Latin-1 bytes: not UTF-8
+    with open(os.path.join(os.fsencode(folder), b"d\xe9j\xe0_vu.jpg"), "wb") as broken:  # its name is printed
+        broken.write(b"not a photo")
+    done = run_cli_process(
+        "segment", folder, "--out", tmp_path / "out", "--checkpoint-dir", small_mirror, "--device", "cpu",
+        "--exports", "npy", "--no-pictures",
+        environ={"PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert "Traceback" not in done.stderr.decode()
+    printed = done.stdout.decode()
+    assert "1 file written" in printed and "d\\xe9j\\xe0_vu.jpg: The file is not an image" in printed
+
+
+@pytest.mark.parametrize("case", ["a file", "a name too long", "under a file"])
+def test_an_out_that_cannot_hold_results_is_a_usage_error_before_any_model_runs(tmp_path, case):
+    blocker = tmp_path / "results.txt"
+    blocker.write_text("not a folder")
+    out = {"a file": blocker, "a name too long": tmp_path / ("x" * 300), "under a file": blocker / "sub"}[
+        case
+    ]
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors), pytest.raises(SystemExit) as stopped:
+        run_cli("segment", PHOTO, "--out", out, "--checkpoint-dir", tmp_path)  # no model there: never loaded
+    assert stopped.value.code == 2
+    message = errors.getvalue().strip().splitlines()[-1]
+    expected = {
+        "a file": "is a file, not a folder",
+        "a name too long": "the folder name is too long",
+        "under a file": "the folder cannot be written",
+    }[case]
+    assert expected in message and "Traceback" not in errors.getvalue()
+
+
+def test_outputs_whose_names_would_be_too_long_are_refused_up_front(small_mirror, tmp_path):
+    out = tmp_path / "out"
+    while len(os.fsencode(out)) < 3950:  # an output folder the system can name, with little room left
+        out = out / ("o" * min(200, 3960 - len(os.fsencode(out))))
+    (tmp_path / "in" / ("d" * 250)).mkdir(parents=True)
+    shutil.copy(PHOTO, tmp_path / "in" / ("d" * 250) / "deep.jpg")  # its outputs would pass 4095 bytes
+    shutil.copy(PHOTO, tmp_path / "in" / "near.jpg")
+    status, printed = run_cli(
+        "segment", tmp_path / "in", "--out", out, "--checkpoint-dir", small_mirror,
+        "--device", "cpu", "--exports", "npy", "--no-pictures",
+    )  # fmt: skip
+    assert status == 0
+    assert "deep.jpg: Its output file names would be too long for this system." in printed
+    assert (out / "near_segmentation.npy").is_file()

@@ -1,0 +1,49 @@
+"""How the runtime picks a checkpoint's input size: its preprocessor_config.json, else its config.json."""
+
+import json
+
+import pytest
+from tiny_models import write_tiny_checkpoint
+
+from sapiens2.errors import ConfigError
+from sapiens2.images import load_image
+from sapiens2.kinds import POINTMAP, SEG
+from sapiens2.runtime import Runtime
+
+PHOTO = "assets/grace_hopper.jpg"
+
+
+@pytest.fixture
+def runtime():
+    return Runtime(device="cpu", dtype="fp32")
+
+
+def test_a_checkpoint_without_processor_config_runs_at_its_own_image_size(runtime, tmp_path):
+    # A pointmap model whose scale branch only takes 256x192 inputs, laid out as the README's offline folders.
+    folder = write_tiny_checkpoint(tmp_path / "pointmap", "pointmap", image_size=(256, 192))
+    assert not (folder / "preprocessor_config.json").exists()
+    settings = runtime.settings(str(folder), POINTMAP)
+    assert settings.size == (256, 192) and settings.do_pad
+    result = runtime.run("depth", load_image(PHOTO), model=str(folder), remove_background=False)
+    assert result.prediction.shape[:2] == (600, 512) and result.notes == []
+
+
+def test_a_processor_size_the_model_cannot_take_is_refused_with_a_sentence(runtime, tmp_path):
+    folder = write_tiny_checkpoint(tmp_path / "pointmap", "pointmap", image_size=(256, 192))
+    (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 512, "width": 384}}))
+    with pytest.raises(ConfigError) as refused:
+        runtime.settings(str(folder), POINTMAP)
+    message = str(refused.value)
+    assert "was built for 256x192 inputs" in message and "cannot run at the 512x384" in message
+    assert str(tmp_path) not in message, "the sentence names the checkpoint, not the server's folders"
+
+
+def test_a_processor_size_other_than_the_models_runs_with_a_note(runtime, tmp_path):
+    folder = write_tiny_checkpoint(tmp_path / "seg", "seg", image_size=(256, 192))
+    (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 128, "width": 96}}))
+    assert runtime.settings(str(folder), SEG).size == (128, 96)
+    result = runtime.run("segment", load_image(PHOTO), model=str(folder))
+    assert result.notes == [
+        "The model runs at 128x96 (its preprocessor_config.json) but was built for 256x192 (its "
+        "config.json); results may be less accurate."
+    ]
