@@ -1,51 +1,69 @@
-"""CUDA throughput of the 0.4b pose model, ours against transformers, from one random checkpoint, offline.
+"""CUDA throughput of every task's model, ours against transformers, and of the live webcam path, offline.
 
-Writes random fp32 weights of the official 0.4b pose architecture once with transformers, loads them in
-bfloat16 with both libraries, checks that our load never held an fp32 copy on the GPU and that both
-models agree, then times 1024x768 inputs at batch 1 and 8: ms per image, images/s, achieved TFLOP/s and
-the peak GPU memory of the forward for both, and the ratios. `--compile` also times our model under
-torch.compile (what `--compile` / SAPIENS2_COMPILE=1 do in the app), with the warm-up (compile) time of
-each batch size.
+For each model kind (pose, seg, normal and pointmap at 0.4b, matting at 1b, the official architectures)
+it writes random fp32 weights once with transformers, loads them in bfloat16 with both libraries, checks
+that our load never held an fp32 copy on the GPU and that both models agree, then times 1024x768 inputs
+at batch 1 and 8: ms per image, images/s, achieved TFLOP/s and the peak GPU memory of the forward for
+both, and the ratios. `--compile` also times our pose model (`--compile-kinds`) under torch.compile (what
+`--compile` / SAPIENS2_COMPILE=1 do in the app), with the warm-up (compile) time of each batch size.
 
-    python bench/bench_cuda.py [--compile]  # needs a CUDA GPU, a few minutes (compiling adds one or two)
-    python bench/bench_cuda.py --cpu-smoke  # tiny model on the CPU: checks this script's logic only
+`--live` then times the live webcam path end to end in this process: `Runtime.run("pose", frame)` on
+640x480 frames with one person (the app's handler for each webcam frame: crop, one forward, keypoint
+decoding, drawing), with a detector that returns one fixed box (ultralytics is not needed; its yolo11n
+costs a few ms per frame on a GPU, measured apart when ultralytics is importable). The target of the
+live webcam on a GPU is 20 frames/s or more for pose 0.4b with one person.
+
+    python bench/bench_cuda.py [--compile] [--live] [--kinds pose,seg] [--json results.json]
+    python bench/bench_cuda.py --cpu-smoke --live  # tiny models on the CPU: checks this script's logic only
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import sapiens2  # noqa: E402
 from sapiens2 import presets, weights  # noqa: E402
+from sapiens2.detector import Detections  # noqa: E402
+from sapiens2.kinds import get_kind  # noqa: E402
 
-MODEL_CARD_TFLOP = 1.26  # Sapiens2-0.4B at 1024x768, official model card
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "num_key_value_attention_heads": 2, "num_first_full_attention_layers": 1,
-        "num_last_full_attention_layers": 1,
-        "head_config": {"upsample_out_channels": [16, 12], "upsample_kernel_sizes": [4, 4],
-                        "conv_out_channels": [8, 8, 4], "conv_kernel_sizes": [1, 1, 1]}}  # fmt: skip
+# The official size of each kind measured (matting exists at 1b only).
+SIZES = {"pose": "0.4b", "seg": "0.4b", "normal": "0.4b", "pointmap": "0.4b", "matting": "1b"}
+MODEL_CARD_TFLOP = {"0.4b": 1.26}  # per 1024x768 image, the official model card's figure for the 0.4b
+SMOKE_INPUT = {"pointmap": (160, 96)}  # the tiny pointmap checkpoint's scale branch wants 10x6 patches
+LIVE_FRAME = (480, 640)
 
 
-def write_checkpoint(directory: Path, device: torch.device, smoke: bool) -> None:
-    """Random fp32 weights of the 0.4b pose model (tiny widths with `smoke`), saved by transformers."""
+def write_checkpoint(directory: Path, kind: str, device: torch.device, smoke: bool) -> None:
+    """Random fp32 weights of the official `kind` model (tiny widths with `smoke`), saved by transformers."""
     import transformers
 
-    config = {**presets.preset_config("0.4b", "pose"), **(TINY if smoke else {})}
+    if smoke:
+        from tiny_models import tiny_config
+
+        extra = {"image_size": SMOKE_INPUT[kind]} if kind in SMOKE_INPUT else {}
+        config = tiny_config(kind, SIZES[kind], **extra)
+    else:
+        config = presets.preset_config(SIZES[kind], kind)
     fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
     torch.manual_seed(0)
     with torch.device(device):  # random init is much faster on the GPU
-        model = transformers.Sapiens2ForPoseEstimation(transformers.Sapiens2Config(**fields))
+        model = getattr(transformers, get_kind(kind).architecture)(transformers.Sapiens2Config(**fields))
     model.save_pretrained(directory)
 
 
@@ -78,11 +96,15 @@ class PeakMemory:
         return self._proc("VmHWM") - self.base
 
 
-def load_ours_checked(directory: Path, device: torch.device) -> nn.Module:
-    """Load the fp32 file as bf16 and check the peak stayed near the bf16 size (no fp32 model copy)."""
+def load_ours_checked(directory: Path, device: torch.device) -> tuple[nn.Module, float]:
+    """Load the fp32 file as bf16 and check the peak stayed near the bf16 size (no fp32 model copy); the
+    model and the seconds the load took."""
     meter = PeakMemory(device)
     meter.start()
+    start = time.perf_counter()
     model = sapiens2.from_pretrained(directory, device=device, dtype=torch.bfloat16)
+    sync(device)
+    seconds = time.perf_counter() - start
     peak = meter.added()
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     largest_fp32 = max(p.numel() for p in model.parameters()) * 4
@@ -90,18 +112,19 @@ def load_ours_checked(directory: Path, device: torch.device) -> nn.Module:
     # slack covers allocator rounding on the GPU, and interpreter and allocator noise in the CPU smoke run.
     slack = 8e6 if device.type == "cuda" else 64e6
     allowed = size + weights.LOAD_THREADS * largest_fp32 + slack
-    print(f"load fp32 file -> bf16 on {device.type}: peak {peak / 1e6:.0f} MB for {size / 1e6:.0f} MB of "
-          f"bf16 weights ({peak / size:.2f}x; allowed {allowed / 1e6:.0f} MB)")  # fmt: skip
+    print(f"  load fp32 file -> bf16 on {device.type}: {seconds:.1f} s, peak {peak / 1e6:.0f} MB for "
+          f"{size / 1e6:.0f} MB of bf16 weights ({peak / size:.2f}x; "
+          f"allowed {allowed / 1e6:.0f} MB)")  # fmt: skip
     assert peak <= allowed, "loading held more than the bf16 model plus one tensor per thread"
-    return model
+    return model, seconds
 
 
-def load_reference(directory: Path, device: torch.device) -> nn.Module:
+def load_reference(directory: Path, kind: str, device: torch.device) -> nn.Module:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    model = transformers.Sapiens2ForPoseEstimation.from_pretrained(directory, dtype=torch.bfloat16)
-    return model.to(device).eval()
+    architecture = getattr(transformers, get_kind(kind).architecture)
+    return architecture.from_pretrained(directory, dtype=torch.bfloat16).to(device).eval()
 
 
 def sync(device: torch.device) -> None:
@@ -144,76 +167,214 @@ def counted_tflop(model: nn.Module, pixels: torch.Tensor) -> float:
     return counter.get_total_flops() / 1e12
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU, to check the script")
-    parser.add_argument("--compile", action="store_true", help="also time our model under torch.compile")
-    parser.add_argument("--iterations", type=int, default=20)
-    args = parser.parse_args()
-    if not args.cpu_smoke and not torch.cuda.is_available():
-        sys.exit("bench_cuda.py needs a CUDA GPU; PyTorch sees none (--cpu-smoke checks the script on CPU)")
-    device = torch.device("cpu" if args.cpu_smoke else "cuda")
-    height, width = (64, 48) if args.cpu_smoke else (1024, 768)
+def main_output(output: Any, name: str) -> torch.Tensor:
+    return getattr(output, name).float()
+
+
+def bench_kind(kind: str, args: argparse.Namespace, device: torch.device, results: dict) -> None:
+    """Load, agreement, and times of one kind's model: ours, transformers' and (with --compile) ours
+    compiled, at each batch size."""
+    size = SIZES[kind]
+    print(f"\n{kind} {size}")
+    height, width = SMOKE_INPUT.get(kind, (64, 48)) if args.cpu_smoke else (1024, 768)
     batches = (1, 2) if args.cpu_smoke else (1, 8)
     iterations = 2 if args.cpu_smoke else args.iterations
-    if device.type == "cuda":
-        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-
     with tempfile.TemporaryDirectory() as tmp:
-        write_checkpoint(Path(tmp), device, args.cpu_smoke)
-        ours = load_ours_checked(Path(tmp), device)
-        reference = load_reference(Path(tmp), device)
+        write_checkpoint(Path(tmp), kind, device, args.cpu_smoke)
+        ours, load_seconds = load_ours_checked(Path(tmp), device)
+        reference = load_reference(Path(tmp), kind, device)
 
     generator = torch.Generator(device).manual_seed(0)
     pixels = torch.randn(max(batches), 3, height, width, generator=generator, device=device)
     pixels = pixels.to(torch.bfloat16)
     with torch.inference_mode():
-        ours_heatmaps = ours(pixels[:1]).heatmaps.float()
-        expected = reference(pixels[:1]).heatmaps.float()
-    error = float((ours_heatmaps - expected).norm() / expected.norm())
-    print(f"bf16 heatmaps, ours vs transformers: relative error {error:.2e}")
+        first = ours(pixels[:1])
+        name = next(iter(vars(first)))  # heatmaps, logits, normals, pointmaps or alphas
+        eager = main_output(first, name)
+        expected = main_output(reference(pixels[:1]), name)
+    error = float((eager - expected).norm() / expected.norm())
+    print(f"  bf16 {name}, ours vs transformers: relative error {error:.2e}")
     assert error < 5e-2, "the two models disagree"
 
     counted = counted_tflop(ours, pixels)
-    print(f"TFLOP per image: {MODEL_CARD_TFLOP} (model card), {counted:.2f} counted by PyTorch"
+    card = MODEL_CARD_TFLOP.get(size)
+    print(f"  TFLOP per image: {card or '-'} (model card), {counted:.2f} counted by PyTorch"
           f"{'' if not args.cpu_smoke else ' (tiny model)'}")  # fmt: skip
-    models = {"ours": ours, "transformers": reference}
-    print(f"{'batch':>5} {'model':14} {'ms/image':>9} {'images/s':>9} {'TFLOP/s card':>13} "
+    print(f"  {'batch':>5} {'model':14} {'ms/image':>9} {'images/s':>9} {'TFLOP/s card':>13} "
           f"{'TFLOP/s counted':>16} {'peak MB':>8}")  # fmt: skip
-    times: dict[tuple[str, int], tuple[float, int]] = {}
+    rows: dict[str, dict[str, float]] = {}
 
-    def measure(name: str, model: nn.Module, batch: int) -> None:
+    def measure(label: str, model: nn.Module, batch: int) -> None:
+        row: dict[str, float] = {}
         with torch.inference_mode():
             run = lambda: model(pixels[:batch])  # noqa: E731
-            if name == "ours compiled":
-                print(f"{batch:5d} {name:14} first call (compiling for this shape): "
-                      f"{warm_up_seconds(run, device):.1f} s")  # fmt: skip
+            if label == "ours compiled":
+                row["compile_s"] = warm_up_seconds(run, device)
+                print(
+                    f"  {batch:5d} {label:14} first call (compiling for this shape): {row['compile_s']:.1f} s"
+                )
             seconds = seconds_per_batch(run, device, iterations) / batch
             peak = forward_peak(run, device)
-        times[name, batch] = seconds, peak
-        rates = f"{1 / seconds:9.1f} {MODEL_CARD_TFLOP / seconds:13.1f} {counted / seconds:16.1f}"
-        print(f"{batch:5d} {name:14} {seconds * 1e3:9.2f} {rates} {peak / 1e6:8.0f}")
+        row |= {"ms_per_image": seconds * 1e3, "images_per_s": 1 / seconds, "peak_mb": peak / 1e6}
+        rows[f"{label} batch {batch}"] = row
+        card_rate = f"{card / seconds:13.1f}" if card else f"{'-':>13}"
+        rates = f"{1 / seconds:9.1f} {card_rate} {counted / seconds:16.1f}"
+        print(f"  {batch:5d} {label:14} {seconds * 1e3:9.2f} {rates} {peak / 1e6:8.0f}")
 
     for batch in batches:
-        for name, model in models.items():
-            measure(name, model, batch)
-    if args.compile:
+        for label, model in (("ours", ours), ("transformers", reference)):
+            measure(label, model, batch)
+    if args.compile and kind in args.compile_kinds.split(","):
         ours.compile()  # in place, as the app's --compile does
         for batch in batches:
             measure("ours compiled", ours, batch)
         with torch.inference_mode():
-            compiled_heatmaps = ours(pixels[:1]).heatmaps.float()
-        error = float((compiled_heatmaps - ours_heatmaps).norm() / ours_heatmaps.norm())
-        print(f"compiled vs eager heatmaps: relative difference {error:.2e}")
-        assert error < 5e-2, "the compiled model disagrees with the eager one"
+            compiled = main_output(ours(pixels[:1]), name)
+        difference = float((compiled - eager).norm() / eager.norm())
+        print(f"  compiled vs eager {name}: relative difference {difference:.2e}")
+        assert difference < 5e-2, "the compiled model disagrees with the eager one"
     for batch in batches:
-        reference_time, reference_peak = times["transformers", batch]
-        for name in ("ours", "ours compiled"):
-            if (name, batch) in times:
-                seconds, peak = times[name, batch]
-                ratio = seconds / reference_time
-                print(f"batch {batch}, {name} / transformers: time {ratio:.2f} (target <= 1), "
-                      f"peak memory {peak / max(reference_peak, 1):.2f}")  # fmt: skip
+        reference_row = rows[f"transformers batch {batch}"]
+        for label in ("ours", "ours compiled"):
+            row = rows.get(f"{label} batch {batch}")
+            if row is not None:
+                row["time_ratio"] = row["ms_per_image"] / reference_row["ms_per_image"]
+                row["memory_ratio"] = row["peak_mb"] / max(reference_row["peak_mb"], 1e-6)
+                print(f"  batch {batch}, {label} / transformers: time {row['time_ratio']:.2f} "
+                      f"(target <= 1), peak memory {row['memory_ratio']:.2f}")  # fmt: skip
+    results[kind] = {"size": size, "load_s": load_seconds, "relative_error": error, "rows": rows}
+    del ours, reference
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class OnePerson:
+    """A person detector that finds one person, in the middle of every frame."""
+
+    def detect(self, image_rgb: np.ndarray) -> Detections:
+        height, width = image_rgb.shape[:2]
+        box = np.array([[width * 0.3, height * 0.1, width * 0.4, height * 0.85]], dtype=np.float32)
+        return Detections(box, np.array([0.9], dtype=np.float32), found=1)
+
+
+def live_frames(seconds: float) -> list[np.ndarray]:
+    """Frames of the example photos at 640x480, shifted a little each time (no two frames alike)."""
+    import cv2
+
+    photos = [
+        cv2.imread(str(ROOT / "assets" / name))[..., ::-1] for name in ("grace_hopper.jpg", "astronaut.png")
+    ]
+    height, width = LIVE_FRAME
+    frames = []
+    for index in range(max(10, int(seconds * 30))):
+        frame = cv2.resize(photos[index % len(photos)], (width, height), interpolation=cv2.INTER_AREA)
+        frames.append(np.ascontiguousarray(np.roll(frame, index % 17, axis=1)))
+    return frames
+
+
+def bench_live(args: argparse.Namespace, device: torch.device, results: dict) -> None:
+    """Webcam frames through `Runtime.run("pose", ...)` one after another, as the live tab runs them."""
+    from sapiens2.runtime import Runtime
+
+    print("\nlive webcam path: pose 0.4b, one person, 640x480 frames, one frame at a time")
+    with tempfile.TemporaryDirectory() as tmp:
+        write_checkpoint(Path(tmp), "pose", device, args.cpu_smoke)
+        for compiled in (False, True) if args.compile else (False,):
+            runtime = Runtime(device=str(device), dtype="bf16", detector=OnePerson(), compile=compiled)
+            frames = live_frames(2 if args.cpu_smoke else args.live_seconds)
+            start = time.perf_counter()
+            runtime.run("pose", frames[0], model=tmp)  # loads the model (and compiles it with --compile)
+            first = time.perf_counter() - start
+            for frame in frames[1:4]:
+                runtime.run("pose", frame, model=tmp)
+            latencies, stages = [], []
+            start = time.perf_counter()
+            for frame in frames[4:]:
+                begun = time.perf_counter()
+                result = runtime.run("pose", frame, model=tmp)
+                latencies.append(time.perf_counter() - begun)
+                stages.append(result.timings)
+            elapsed = time.perf_counter() - start
+            label = "compiled" if compiled else "eager"
+            rate = len(latencies) / elapsed
+            median = statistics.median(latencies)
+            share = {
+                stage: statistics.median(getattr(t, stage) for t in stages) * 1e3
+                for stage in ("detection", "model", "decode", "pictures")
+            }
+            print(f"  {label}: first frame {first:.1f} s (load{' and compile' if compiled else ''}), then "
+                  f"{rate:.1f} frames/s, {median * 1e3:.1f} ms per frame (median; target >= 20 frames/s); "
+                  + ", ".join(f"{stage} {ms:.1f} ms" for stage, ms in share.items()))  # fmt: skip
+            results[f"live {label}"] = {
+                "first_frame_s": first,
+                "frames_per_s": rate,
+                "median_ms": median * 1e3,
+                "stages_ms": share,
+                "frames": len(latencies),
+            }
+            del runtime
+    detector_ms = yolo_ms(device)
+    if detector_ms is not None:
+        print(
+            f"  yolo11n person detection (ultralytics, random weights): {detector_ms:.1f} ms per "
+            "640x480 frame"
+        )
+        results["live yolo11n_ms"] = detector_ms
+
+
+def yolo_ms(device: torch.device) -> float | None:
+    """Median ms of yolo11n (built from its yaml, no download) on a 640x480 frame, if ultralytics is here."""
+    try:
+        from ultralytics import YOLO
+    except ImportError:
+        print("  (ultralytics is not installed here: the person detector's time is not measured)")
+        return None
+    model = YOLO("yolo11n.yaml")
+    frame = np.zeros((*LIVE_FRAME, 3), dtype=np.uint8)
+    times = []
+    for index in range(23):
+        start = time.perf_counter()
+        model.predict(frame, device=str(device), verbose=False, classes=[0])
+        if index >= 3:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--cpu-smoke", action="store_true", help="tiny models on the CPU, to check the script"
+    )
+    parser.add_argument("--compile", action="store_true", help="also time our models under torch.compile")
+    parser.add_argument(
+        "--live", action="store_true", help="also time the live webcam path (pose, one person)"
+    )
+    parser.add_argument("--kinds", default=",".join(SIZES), help="model kinds to time (default: all)")
+    parser.add_argument(
+        "--compile-kinds", default="pose", help="the kinds --compile times compiled (default: pose)"
+    )
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--live-seconds", type=float, default=10.0, help="frames to time, at 30 per second")
+    parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
+    args = parser.parse_args()
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        sys.exit("bench_cuda.py needs a CUDA GPU; PyTorch sees none (--cpu-smoke checks the script on CPU)")
+    device = torch.device("cpu" if args.cpu_smoke else "cuda")
+    kinds = [kind.strip() for kind in args.kinds.split(",") if kind.strip()]
+    unknown = sorted(set(kinds) - set(SIZES))
+    if unknown:
+        sys.exit(f"unknown kinds {', '.join(unknown)}; choose among {', '.join(SIZES)}")
+    results: dict[str, Any] = {"torch": torch.__version__, "device": str(device)}
+    if device.type == "cuda":
+        results["gpu"] = torch.cuda.get_device_name()
+        print(f"{results['gpu']}, torch {torch.__version__}")
+    for kind in kinds:
+        bench_kind(kind, args, device, results)
+    if args.live:
+        bench_live(args, device, results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"\nfigures written to {args.json}")
 
 
 if __name__ == "__main__":
