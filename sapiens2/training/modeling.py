@@ -18,15 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from sapiens2 import metadata, presets
+from sapiens2 import presets
 from sapiens2.config import Sapiens2Config
 from sapiens2.errors import TrainingError
 from sapiens2.hub import from_pretrained, resolve_checkpoint
 from sapiens2.kinds import PRETRAIN
-from sapiens2.metadata import body_parts
 from sapiens2.models import MODEL_CLASSES, DenseTaskModel, build_model
 from sapiens2.training.datasets import ClassSet, KeypointSet
-from sapiens2.training.tasks import Labels, TrainingTask, body_part_classes
+from sapiens2.training.tasks import Labels, TrainingTask
 
 log = logging.getLogger("sapiens2.train")
 
@@ -67,9 +66,9 @@ def load_trainable(
     model = from_pretrained(source, device="cpu", dtype=torch.float32)
     for parameter in model.parameters():  # weights may be memory-mapped from the file: train on a copy
         parameter.data = parameter.data.clone()
-    labels = _checkpoint_labels(task, model.config)
+    labels = task.checkpoint_labels(model.config)
     if dataset_labels is not None and _count(dataset_labels) != _count(labels):
-        what = "keypoints" if task.name == "pose" else "classes"
+        what = task.label_noun
         if not new_labels:
             raise TrainingError(
                 f"The dataset has {_count(dataset_labels)} {what} but --model {source} predicts "
@@ -96,7 +95,7 @@ def _from_backbone(
     size = backbone_size(config)
     heads = task.kind.heads
     head = heads.get(size) or heads[task.kind.sizes[-1]]
-    labels = dataset_labels if dataset_labels is not None else _default_labels(task)
+    labels = dataset_labels if dataset_labels is not None else task.default_labels()
     task_config = copy.deepcopy(config)
     task_config.update(architectures=[task.kind.architecture], head_config=copy.deepcopy(dict(head)))
     task_config.pop("out_indices", None)
@@ -155,26 +154,6 @@ def _replace_predictor(model: nn.Module, count: int) -> None:
 
 def _count(labels: Labels) -> int:
     return len(labels) if isinstance(labels, tuple) else len(labels.names)
-
-
-def _checkpoint_labels(task: TrainingTask, config: Sapiens2Config) -> Labels:
-    """The labels a checkpoint's head predicts, from its config."""
-    names = tuple(config.id2label[index] for index in range(config.num_labels))
-    if task.name == "pose":
-        return KeypointSet(names, tuple(config.flip_pairs or ()), ())
-    if task.name == "segment":
-        if names == body_parts().names:
-            return body_part_classes()
-        return ClassSet(names, metadata.palette(len(names)))
-    return names
-
-
-def _default_labels(task: TrainingTask) -> Labels:
-    if task.name == "segment":
-        return body_part_classes()
-    if task.name == "pose":
-        raise TrainingError("pose needs keypoint labels from the dataset")  # datasets always give them
-    return task.channels
 
 
 def labelled_config(config: dict[str, Any], task: TrainingTask, labels: Labels) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from sapiens2 import losses
+from sapiens2 import losses, metadata
+from sapiens2.config import Sapiens2Config
 from sapiens2.errors import TrainingError
 from sapiens2.kinds import ModelKind
 from sapiens2.metadata import body_parts
@@ -46,6 +47,30 @@ class TrainingTask:
     def channels(self) -> tuple[str, ...]:
         """The head's output names of the official checkpoints."""
         return tuple(self.kind.labels()["id2label"].values())
+
+    @property
+    def label_noun(self) -> str:
+        """What the head's outputs are called in messages: keypoints, or classes."""
+        return "keypoints" if self.name == "pose" else "classes"
+
+    def checkpoint_labels(self, config: Sapiens2Config) -> Labels:
+        """The labels a checkpoint's head predicts, from its config."""
+        names = tuple(config.id2label[index] for index in range(config.num_labels))
+        if self.name == "pose":
+            return KeypointSet(names, tuple(config.flip_pairs or ()), ())
+        if self.name == "segment":
+            if names == body_parts().names:
+                return body_part_classes()
+            return ClassSet(names, metadata.palette(len(names)))
+        return names
+
+    def default_labels(self) -> Labels:
+        """The labels of a new head when the dataset names none: the official ones."""
+        if self.name == "segment":
+            return body_part_classes()
+        if self.name == "pose":
+            raise TrainingError("pose needs keypoint labels from the dataset")  # datasets always give them
+        return self.channels
 
     def samples(
         self,
