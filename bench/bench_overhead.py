@@ -86,6 +86,9 @@ class RandomOutputs:
         _, kind, size = repo_id.split("/")[-1].split("-")
         return SimpleNamespace(kind=kind, config=Sapiens2Config.from_dict(presets.preset_config(size, kind)))
 
+    def config(self, repo_id: str) -> Sapiens2Config:
+        return self.model(repo_id).config
+
     def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
         return ProcessorSettings.for_kind(kind)
 
