@@ -82,11 +82,11 @@ class Pipeline:
         """The photo's result, carrying the timings of every step. The finish counts as decoding, except
         the drawing it measures as "pictures" in the photo's timings."""
         post = Timings()
-        drawn = photo.timings.pictures
+        drawn_before = photo.timings.pictures
         with post.measure("decode"):
             result = self.finish(context, photo)
-        post.decode -= photo.timings.pictures - drawn  # measured within the decode span
-        photo.seconds["finish"] = post.total + photo.timings.pictures - drawn
+        photo.seconds["finish"] = post.decode  # the whole finish, its drawing included
+        post.decode -= photo.timings.pictures - drawn_before  # the drawing is in the photo's timings already
         result.timings = photo.timings + post
         return result
 
