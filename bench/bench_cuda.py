@@ -39,7 +39,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import sapiens2  # noqa: E402
 from sapiens2 import presets, weights  # noqa: E402
-from sapiens2.detector import Detections  # noqa: E402
 from sapiens2.kinds import get_kind  # noqa: E402
 
 # The official size of each kind measured (matting exists at 1b only).
@@ -248,15 +247,6 @@ def bench_kind(kind: str, args: argparse.Namespace, device: torch.device, result
         torch.cuda.empty_cache()
 
 
-class OnePerson:
-    """A person detector that finds one person, in the middle of every frame."""
-
-    def detect(self, image_rgb: np.ndarray) -> Detections:
-        height, width = image_rgb.shape[:2]
-        box = np.array([[width * 0.3, height * 0.1, width * 0.4, height * 0.85]], dtype=np.float32)
-        return Detections(box, np.array([0.9], dtype=np.float32), found=1)
-
-
 def live_frames(seconds: float) -> list[np.ndarray]:
     """Frames of the example photos at 640x480, shifted a little each time (no two frames alike)."""
     import cv2
@@ -274,13 +264,15 @@ def live_frames(seconds: float) -> list[np.ndarray]:
 
 def bench_live(args: argparse.Namespace, device: torch.device, results: dict) -> None:
     """Webcam frames through `Runtime.run("pose", ...)` one after another, as the live tab runs them."""
+    from tiny_models import CentreBox
+
     from sapiens2.runtime import Runtime
 
     print("\nlive webcam path: pose 0.4b, one person, 640x480 frames, one frame at a time")
     with tempfile.TemporaryDirectory() as tmp:
         write_checkpoint(Path(tmp), "pose", device, args.cpu_smoke)
         for compiled in (False, True) if args.compile else (False,):
-            runtime = Runtime(device=str(device), dtype="bf16", detector=OnePerson(), compile=compiled)
+            runtime = Runtime(device=str(device), dtype="bf16", detector=CentreBox(), compile=compiled)
             frames = live_frames(2 if args.cpu_smoke else args.live_seconds)
             start = time.perf_counter()
             runtime.run("pose", frames[0], model=tmp)  # loads the model (and compiles it with --compile)

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tiny_models import tiny_config, write_transformers_checkpoint
+from tiny_models import CentreBox, tiny_config, write_transformers_checkpoint
 
 from sapiens2 import from_pretrained
-from sapiens2.detector import Detections
 from sapiens2.images import load_image
 from sapiens2.runtime import Runtime
 from sapiens2.tasks import ALL_TASKS
@@ -25,16 +24,6 @@ CASES = {
     "pointmap": (tiny_config("pointmap", image_size=(160, 96)), (2, 3, 160, 96)),
     "matting": (tiny_config("matting", "1b"), (2, 3, 64, 48)),
 }
-
-
-class CentreBox:
-    """One person box in the middle of the photo. The real detector (ultralytics) is tested on the CPU; the
-    GPU image has no ultralytics, and what runs here is the Sapiens2 side of the pipeline."""
-
-    def detect(self, image_rgb: np.ndarray) -> Detections:
-        height, width = image_rgb.shape[:2]
-        box = np.array([[width * 0.25, height * 0.1, width * 0.5, height * 0.8]], dtype=np.float32)
-        return Detections(box, np.array([0.9], dtype=np.float32), found=1)
 
 
 def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
@@ -62,6 +51,7 @@ def test_models_match_the_reference_on_the_gpu(kind, dtype, tolerance, tmp_path)
 def runtime(tiny_mirror):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SAPIENS2_CHECKPOINT_DIR", str(tiny_mirror))
+        # The GPU image has no ultralytics; the detector is tested on the CPU.
         yield Runtime(device="cuda", dtype="bf16", detector=CentreBox())
 
 
