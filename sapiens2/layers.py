@@ -24,6 +24,13 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 # is in cache, which saves a pass over memory. It has no autograd formula, so anything that records
 # gradients keeps F.linear.
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# oneDNN has bf16 GEMMs only on CPUs with AVX-512 (it raises "could not create a primitive descriptor" on
+# others, e.g. AVX2-only ones), so bf16 there keeps PyTorch's own kernels.
+_ONEDNN_DTYPES = (
+    (torch.float32, torch.bfloat16)
+    if _ONEDNN_LINEAR and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    else (torch.float32,)
+)
 # oneDNN's name of each activation it can fuse.
 _ONEDNN_ACTIVATIONS = {nn.SiLU: "swish", nn.ReLU: "relu"}
 
@@ -33,7 +40,7 @@ def _onednn(x: Tensor) -> bool:
     return (
         _ONEDNN_LINEAR
         and x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.bfloat16)
+        and x.dtype in _ONEDNN_DTYPES
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
     )
