@@ -35,10 +35,11 @@ from PIL import Image  # noqa: E402
 from tiny_models import tiny_config, write_transformers_checkpoint  # noqa: E402
 
 import sapiens2  # noqa: E402
-from sapiens2 import presets  # noqa: E402
-from sapiens2.pose import decode_keypoints  # noqa: E402
-from sapiens2.postprocess import segmentation_labels  # noqa: E402
-from sapiens2.processing import ProcessorSettings, preprocess  # noqa: E402
+from sapiens2.models import presets  # noqa: E402
+from sapiens2.models.device import cpu_has_native_bf16  # noqa: E402
+from sapiens2.vision.dense import segmentation_labels  # noqa: E402
+from sapiens2.vision.pose_decoding import decode_keypoints  # noqa: E402
+from sapiens2.vision.processing import ProcessorSettings, preprocess  # noqa: E402
 
 PHOTOS = [ROOT / "assets" / "grace_hopper.jpg", ROOT / "assets" / "astronaut.png"]
 SETTINGS = ProcessorSettings()  # 1024x768, ImageNet normalization
@@ -113,7 +114,7 @@ def main() -> None:
     photos = [np.asarray(Image.open(path).convert("RGB")) for path in PHOTOS]
     pixel_values = preprocess(photos, SETTINGS)
     print(f"{args.width} width, {len(photos)} photos at 1024x768, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, native bf16: {sapiens2.device.cpu_has_native_bf16()}")  # fmt: skip
+          f"torch {torch.__version__}, native bf16: {cpu_has_native_bf16()}")  # fmt: skip
     for kind in KINDS[args.width]:
         with tempfile.TemporaryDirectory() as directory:
             write_transformers_checkpoint(directory, config_for(kind, args.width))

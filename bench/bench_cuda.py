@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import sapiens2  # noqa: E402
-from sapiens2 import presets, weights  # noqa: E402
-from sapiens2.kinds import get_kind  # noqa: E402
+from sapiens2.models import presets, weights  # noqa: E402
+from sapiens2.models.kinds import get_kind  # noqa: E402
 
 # The official size of each kind measured (matting exists at 1b only).
 SIZES = {"pose": "0.4b", "seg": "0.4b", "normal": "0.4b", "pointmap": "0.4b", "matting": "1b"}
@@ -266,7 +266,7 @@ def bench_live(args: argparse.Namespace, device: torch.device, results: dict) ->
     """Webcam frames through `Runtime.run("pose", ...)` one after another, as the live tab runs them."""
     from tiny_models import CentreBox
 
-    from sapiens2.runtime import Runtime
+    from sapiens2.runtime.runtime import Runtime
 
     print("\nlive webcam path: pose 0.4b, one person, 640x480 frames, one frame at a time")
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,10 +24,10 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from sapiens2 import layers, presets
-from sapiens2.config import load_config
-from sapiens2.device import DTYPES, dtype_name
-from sapiens2.models import build_model
+from sapiens2.models import layers, presets
+from sapiens2.models.config import load_config
+from sapiens2.models.device import DTYPES, dtype_name
+from sapiens2.models.modeling import build_model
 
 CONFIGS = {
     "small": {"hidden": 384, "layers": 8, "batch": 4, "height": 256, "width": 192},

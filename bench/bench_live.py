@@ -152,9 +152,9 @@ def start_app(folder: Path, model_input: tuple[int, int], stack: ExitStack) -> s
     from app_server import running_app
     from tiny_models import repo_task_size, write_few_persons_yolo, write_tiny_checkpoint
 
-    from sapiens2.kinds import get_kind
-    from sapiens2.processing import ProcessorSettings
-    from sapiens2.tasks import TASKS
+    from sapiens2.models.kinds import get_kind
+    from sapiens2.tasks.registry import TASKS
+    from sapiens2.vision.processing import ProcessorSettings
 
     checkpoints = folder / "checkpoints"
     for task in TASKS.values():

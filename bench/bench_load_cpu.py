@@ -60,7 +60,7 @@ def write_checkpoint(directory: Path, layers: int) -> Path:
     from transformers import Sapiens2Config, Sapiens2ForPoseEstimation
 
     sys.path.insert(0, str(ROOT))
-    from sapiens2.presets import preset_config
+    from sapiens2.models.presets import preset_config
 
     preset = preset_config("0.4b", "pose")
     fields = {k: v for k, v in preset.items() if k not in ("architectures", "model_type")}

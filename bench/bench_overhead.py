@@ -29,15 +29,16 @@ import torch
 import torch.nn.functional as F
 from transformers import Sapiens2ImageProcessor
 
-from sapiens2 import models, presets
-from sapiens2.config import Sapiens2Config
-from sapiens2.detector import Detections
-from sapiens2.images import LoadedImage, load_image
-from sapiens2.kinds import ModelKind
+from sapiens2.models import modeling as models
+from sapiens2.models import presets
+from sapiens2.models.config import Sapiens2Config
+from sapiens2.models.kinds import ModelKind
+from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.context import PipelineContext
-from sapiens2.processing import ProcessorSettings
-from sapiens2.results import TaskResult
-from sapiens2.tasks import TASKS
+from sapiens2.tasks.registry import TASKS
+from sapiens2.vision.detector import Detections
+from sapiens2.vision.images import LoadedImage, load_image
+from sapiens2.vision.processing import ProcessorSettings
 
 GREEN = (0, 177, 64)
 TASK_NAMES = ("segment", "normals", "depth", "matting", "pose")

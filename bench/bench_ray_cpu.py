@@ -35,7 +35,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from tiny_models import repo_task_size, write_few_persons_yolo, write_tiny_checkpoint  # noqa: E402
 
 from sapiens2.cli import main  # noqa: E402
-from sapiens2.tasks import get_task  # noqa: E402
+from sapiens2.tasks.registry import get_task  # noqa: E402
 
 
 def make_photos(folder: Path, count: int) -> None:

@@ -34,7 +34,7 @@ def write_checkpoint(directory: Path, task: str, hidden: int, layers: int, size:
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny_models import write_transformers_checkpoint
 
-    from sapiens2 import kinds, presets
+    from sapiens2.models import kinds, presets
 
     config = presets.preset_config("0.4b", (kinds.POSE if task == "pose" else kinds.SEG).name)
     heads = hidden // 64

@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from sapiens2 import presets
-from sapiens2.config import Sapiens2Config
-from sapiens2.models import build_model
+from sapiens2.models import presets
+from sapiens2.models.config import Sapiens2Config
+from sapiens2.models.modeling import build_model
 from sapiens2.training import optim
 from sapiens2.training.tasks import get_training_task
 

@@ -27,8 +27,8 @@ import torch  # noqa: E402
 from test_video import write_clip  # noqa: E402
 from tiny_models import write_few_persons_yolo, write_tiny_checkpoint  # noqa: E402
 
-from sapiens2.runtime import Runtime  # noqa: E402
-from sapiens2.video import VideoJob, process_video  # noqa: E402
+from sapiens2.batch.video import VideoJob, process_video  # noqa: E402
+from sapiens2.runtime.runtime import Runtime  # noqa: E402
 
 REPOS = {"pose": "facebook/sapiens2-pose-0.4b", "segment": "facebook/sapiens2-seg-0.4b"}
 INPUT_SIZES = ((1024, 768), (256, 192))

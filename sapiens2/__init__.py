@@ -1,9 +1,14 @@
 """Sapiens2 human-centric vision models in plain PyTorch."""
 
-from sapiens2.config import Sapiens2Config, load_config
 from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, Sapiens2Error
-from sapiens2.hub import ResolvedCheckpoint, checkpoint_download_size, from_pretrained, resolve_checkpoint
-from sapiens2.models import (
+from sapiens2.models.config import Sapiens2Config, load_config
+from sapiens2.models.hub import (
+    ResolvedCheckpoint,
+    checkpoint_download_size,
+    from_pretrained,
+    resolve_checkpoint,
+)
+from sapiens2.models.modeling import (
     Sapiens2Backbone,
     Sapiens2ForImageMatting,
     Sapiens2ForNormalEstimation,
@@ -13,7 +18,7 @@ from sapiens2.models import (
     Sapiens2Model,
     build_model,
 )
-from sapiens2.runtime import Runtime
+from sapiens2.runtime.runtime import Runtime
 
 __all__ = [
     "CheckpointError",

@@ -1,402 +1,37 @@
 """Command line: `sapiens2 TASK INPUT... --out DIR` runs registered tasks on photos, folders and videos.
 
-Outputs go to DIR/<input's path under its folder, without extension>_<kind>.<ext>. A file that cannot be
-read is reported and skipped; outputs already there are kept unless --overwrite.
+This module parses and checks the arguments; the batch engine (`sapiens2.batch`) runs them. Outputs go to
+DIR/<input's path under its folder, without extension>_<kind>.<ext>. A file that cannot be read is
+reported and skipped; outputs already there are kept unless --overwrite.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
-import os
 import secrets
-import shutil
-import stat
 import sys
-import time
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from huggingface_hub.utils import tqdm  # the tqdm that huggingface_hub, a dependency, ships with
+from sapiens2.batch.inputs import printable
+from sapiens2.batch.local import run_locally
+from sapiens2.batch.plan import EXPORT_KINDS, Plan
+from sapiens2.batch.report import EXIT_NOTHING_SUCCEEDED, EXIT_OK, reason
+from sapiens2.batch.request import BatchRequest, ClusterSettings
+from sapiens2.batch.video import VIDEO_FORMATS
+from sapiens2.errors import ConfigError
+from sapiens2.pipelines.options import Option
+from sapiens2.runtime import DEFAULT_BATCH_SIZE
+from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_arguments
+from sapiens2.tasks import ALL_TASKS, TASKS, Task, all_sizes, get_task, options_by_name
+from sapiens2.vision.images import ImageInputError, load_image
 
-from .detector import DetectorError
-from .errors import CheckpointError, ConfigError
-from .export import write_picture
-from .files import file_kind, file_problem
-from .images import ImageInputError, LoadedImage, load_image, sanitize_filename
-from .messages import describe_error, is_expected
-from .options import Option
-from .results import TaskResult
-from .runtime import DEFAULT_BATCH_SIZE, Runtime
-from .runtime_arguments import add_runtime_arguments, runtime_from_arguments
-from .tasks import ALL_TASKS, TASKS, Task, all_sizes, get_task
-from .video import (
-    VIDEO_EXTENSIONS,
-    VIDEO_FORMATS,
-    VideoError,
-    VideoJob,
-    planned_frames,
-    process_video,
-    video_info,
-    video_outputs,
-)
-
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
-EXIT_OK, EXIT_NOTHING_SUCCEEDED = 0, 1  # argparse exits with 2 on usage errors
-EXPORT_KINDS = ("json", "png", "npy", "ply")
-NAME_MAX, PATH_MAX = 255, 4095  # bytes of one part of a path and of a whole path (Linux)
-# Errors that concern the task's model or detector rather than one input: the task stops there.
-TASK_ERRORS = (CheckpointError, DetectorError, ConfigError)
-
-
-# ---- inputs and where their outputs go -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Source:
-    """One input file and the folder and stem its outputs are named after."""
-
-    path: Path
-    label: str
-    directory: Path
-    stem: str
-
-    @property
-    def is_video(self) -> bool:
-        return self.path.suffix.lower() in VIDEO_EXTENSIONS
-
-
-def _walk(folder: Path, skip: Path) -> Iterator[Path]:
-    """Image and video files under `folder`, sorted, leaving out hidden entries and the `skip` folder."""
-    for root, folders, files in os.walk(folder):
-        folders[:] = sorted(
-            name for name in folders if not name.startswith(".") and _real(Path(root) / name) != skip
-        )
-        for name in sorted(files):
-            if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS | VIDEO_EXTENSIONS:
-                yield Path(root) / name
-
-
-def _real(path: Path) -> Path:
-    """The path with every link followed as far as it goes; never raises, even on a loop of links."""
-    return Path(os.path.realpath(path))
-
-
-def printable(text: str) -> str:
-    """`text` as any terminal can print it: bytes of a file name that are not UTF-8 shown as \\xNN."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def _not_a_file(path: Path) -> str | None:
-    """Why `path` cannot be read as an input file (a sentence), or None when it is a regular file."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return "It is a link to a file that does not exist." if os.path.lexists(path) else "No such file."
-    except OSError as error:
-        return file_problem(error, printable(path.name), "an image or video file")
-    if stat.S_ISREG(mode):
-        return None
-    return f"It is {file_kind(mode)}, not an image or video file."
-
-
-def collect_sources(inputs: Sequence[str], out: Path) -> tuple[list[Source], list[tuple[str, str]]]:
-    """The files named or found under the folders named, with their output places; and the inputs that
-    cannot be read (missing, a FIFO or device, a loop of links), each with its sentence."""
-    found: list[tuple[Path, str, Path]] = []  # (file, label, its path under the output folder)
-    missing = []
-    for text in inputs:
-        path = Path(text).expanduser()
-        if path.is_dir():
-            walked = [
-                (file, printable(str(file)), file.relative_to(path)) for file in _walk(path, _real(out))
-            ]
-        else:
-            walked = [(path, printable(text), Path(path.name))]
-        for file, label, relative in walked:
-            problem = _not_a_file(file)
-            if problem is None:
-                found.append((file, label, relative))
-            else:
-                missing.append((label, "No such file or folder." if problem == "No such file." else problem))
-    unique = {_real(file): (file, label, relative) for file, label, relative in reversed(found)}
-    found = list(reversed(unique.values()))  # a file named twice (alone and in its folder) runs once
-    places = output_places([relative.parts for _, _, relative in found])
-    return [
-        Source(file, label, out.joinpath(*folders), stem)
-        for (file, label, _), (folders, stem) in zip(found, places, strict=True)
-    ], missing
-
-
-def output_places(relatives: Sequence[Sequence[str]]) -> list[tuple[tuple[str, ...], str]]:
-    """For each input's path under its folder (as parts): the output subfolders and the stem its outputs are
-    named after, both made safe; inputs that differ only by extension keep it in their stem."""
-    places = []
-    for parts in relatives:
-        folders = tuple(sanitize_filename(part, "folder") for part in parts[:-1])
-        places.append((folders, sanitize_filename(PurePath(parts[-1]).stem), parts[-1]))
-    uses = Counter((folders, stem) for folders, stem, _ in places)
-    # Inputs that differ only by extension (photo.jpg, photo.png) keep it in their stem, so both are kept.
-    return [
-        (folders, stem if uses[folders, stem] == 1 else sanitize_filename(name))
-        for folders, stem, name in places
-    ]
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to write: export kinds (json, png, npy, ply), whether to write pictures, the videos' format."""
-
-    exports: frozenset[str]
-    pictures: bool
-    overwrite: bool
-    video_format: str = "webm"
-
-    def export_suffixes(self, task: Task) -> list[str]:
-        return [s for s in task.export_suffixes if s.rsplit(".", 1)[-1] in self.exports]
-
-    def picture_suffixes(self, task: Task) -> dict[str, str]:
-        """Picture title -> file suffix; a picture whose content an export writes is left to that export."""
-        if not self.pictures:
-            return {}
-        exports = set(self.export_suffixes(task))
-        return {picture.title: picture.suffix for picture in task.pictures if picture.same_as not in exports}
-
-    def image_suffixes(self, task: Task) -> list[str]:
-        """What follows a photo's stem in the names of the files it gets from `task`."""
-        return self.export_suffixes(task) + [f"{s}.png" for s in self.picture_suffixes(task).values()]
-
-    def image_outputs(self, task: Task, source: Source) -> list[Path]:
-        return [source.directory / f"{source.stem}{suffix}" for suffix in self.image_suffixes(task)]
-
-    def outputs(self, task: Task, source: Source) -> list[Path]:
-        """Every file the source is to get from `task`."""
-        if not source.is_video:
-            return self.image_outputs(task, source)
-        log_kind = task.frame_log.suffix.rsplit(".", 1)[-1] if task.frame_log else None
-        writes = {"write_video": self.pictures, "write_log": log_kind in self.exports}
-        return video_outputs(task, source.directory, source.stem, video_format=self.video_format, **writes)
-
-    def pending(self, task: Task, source: Source) -> bool:
-        """True when the source has outputs of `task` to write (all of them, with overwrite)."""
-        paths = self.outputs(task, source)
-        return bool(paths) and (self.overwrite or not all(path.exists() for path in paths))
-
-
-def write_image_outputs(result: TaskResult, task: Task, source: Source, plan: Plan) -> tuple[list[Path], int]:
-    """Write the planned exports and pictures of one photo; returns the files written and those kept.
-
-    Exports are written to a hidden folder first, and only the chosen kinds are moved into place.
-    """
-    staging = source.directory / f".sapiens2-{secrets.token_hex(6)}"
-    try:
-        exported = {path.name.removeprefix(source.stem): path for path in result.export(staging, source.stem)}
-        files = {f"{source.stem}{suffix}": exported[suffix] for suffix in plan.export_suffixes(task)}
-        pictures = dict(result.pictures)
-        for title, suffix in plan.picture_suffixes(task).items():
-            for path in write_picture(staging, source.stem, suffix, pictures[title]):
-                files[path.name] = path
-        written, kept = [], 0
-        for name, staged in files.items():
-            target = source.directory / name
-            if target.exists() and not plan.overwrite:
-                kept += 1
-                continue
-            os.replace(staged, target)
-            written.append(target)
-        return written, kept
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-# ---- the run ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TaskStats:
-    """One task's share of the run."""
-
-    images: int = 0
-    persons: int | None = None  # for tasks that detect persons
-    seconds: float = 0.0  # detection + model + post-processing, summed over photos
-
-
-@dataclass
-class Report:
-    """What happened: files written and kept, successes, failures and per-task and per-video figures."""
-
-    written: list[Path] = field(default_factory=list)
-    kept: int = 0
-    succeeded: int = 0
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    stats: dict[str, TaskStats] = field(default_factory=dict)
-    videos: list[str] = field(default_factory=list)
-
-    def fail(self, what: str, error: BaseException | str) -> None:
-        self.failures.append((what, error if isinstance(error, str) else reason(error)))
-
-
-def reason(error: BaseException) -> str:
-    """A sentence for a failure: the shared wording for known errors, else the error's type and text."""
-    return describe_error(error) if is_expected(error) else f"{type(error).__name__}: {error}"
-
-
-@dataclass
-class Run:
-    """Runs tasks over sources and fills a report."""
-
-    runtime: Runtime
-    plan: Plan
-    batch_size: int
-    size: str | None
-    model: str | None
-    options: dict[str, Any]
-    max_frames: int | None
-    stride: int
-    report: Report = field(default_factory=Report)
-    unreadable: set[Path] = field(default_factory=set)
-
-    def task_options(self, task: Task) -> dict[str, Any]:
-        names = {option.name for option in task.options}
-        return {name: value for name, value in self.options.items() if name in names and value is not None}
-
-    def task(self, task: Task, sources: Sequence[Source]) -> None:
-        """Run one task on every source that still needs it; a model or detector failure stops the task."""
-        readable = [source for source in sources if source.path not in self.unreadable]
-        for source in readable:  # known up front: the model never runs for outputs that cannot be named
-            if any(too_long(path) for path in self.plan.outputs(task, source)):
-                self.unreadable.add(source.path)
-                self.report.fail(source.label, "Its output file names would be too long for this system.")
-        readable = [source for source in readable if source.path not in self.unreadable]
-        todo = [source for source in readable if self.plan.pending(task, source)]
-        for source in set(readable) - set(todo):
-            outputs = self.plan.outputs(task, source)
-            self.report.succeeded += bool(outputs)
-            self.report.kept += len(outputs)
-        try:
-            self.images(task, [source for source in todo if not source.is_video])
-            for source in todo:
-                if source.is_video:
-                    self.video(task, source)
-        except TASK_ERRORS as error:
-            self.report.fail(f"{task.name} (task stopped)", error)
-
-    def images(self, task: Task, sources: Sequence[Source]) -> None:
-        if not sources:
-            return
-        stats = self.report.stats.setdefault(task.name, TaskStats())
-        with tqdm(total=len(sources), desc=task.name, unit="image", leave=False) as bar:
-            for start in range(0, len(sources), self.batch_size):
-                chunk = sources[start : start + self.batch_size]
-                for source, result in self.results(task, self.loaded(chunk)):
-                    stats.images += 1
-                    stats.seconds += result.timings.total
-                    if result.persons is not None:
-                        stats.persons = (stats.persons or 0) + result.persons
-                    self.save(result, task, source)
-                bar.update(len(chunk))
-
-    def loaded(self, sources: Sequence[Source]) -> list[tuple[Source, LoadedImage]]:
-        """The photos that can be read; the others are reported once and left out of later tasks."""
-        loaded = []
-        for source in sources:
-            try:
-                loaded.append((source, load_image(source.path)))
-            except (ImageInputError, OSError) as error:
-                self.unreadable.add(source.path)
-                self.report.fail(source.label, error)
-        return loaded
-
-    def results(self, task: Task, batch: list[tuple[Source, LoadedImage]]) -> list[tuple[Source, TaskResult]]:
-        """(source, result) pairs of a batch; when the batch fails, each photo is tried alone."""
-        if not batch:
-            return []
-        try:
-            results = self.runtime.run_batch(
-                task.name,
-                [image for _, image in batch],
-                size=task.size_or_default(self.size),
-                model=self.model,
-                **self.task_options(task),
-            )
-            return list(zip([source for source, _ in batch], results, strict=True))
-        except TASK_ERRORS:
-            raise
-        except Exception as error:
-            if len(batch) == 1:
-                self.report.fail(batch[0][0].label, error)
-                return []
-        return [pair for item in batch for pair in self.results(task, [item])]
-
-    def save(self, result: TaskResult, task: Task, source: Source) -> None:
-        try:
-            written, kept = write_image_outputs(result, task, source, self.plan)
-        except Exception as error:
-            self.report.fail(source.label, f"Its outputs could not be written: {reason(error)}")
-            return
-        self.report.written += written
-        self.report.kept += kept
-        self.report.succeeded += 1
-
-    def video(self, task: Task, source: Source) -> None:
-        missing = [
-            path for path in self.plan.outputs(task, source) if self.plan.overwrite or not path.exists()
-        ]
-        is_video = [path.suffix[1:] in VIDEO_FORMATS for path in missing]
-        job = VideoJob(
-            task.name,
-            source.path,
-            source.directory,
-            size=task.size_or_default(self.size),
-            model=self.model,
-            options=self.task_options(task),
-            stem=source.stem,
-            max_seconds=None,
-            max_frames=self.max_frames,
-            stride=self.stride,
-            batch_size=self.batch_size,
-            video_format=self.plan.video_format,
-            write_video=any(is_video),
-            write_log=not all(is_video),
-        )
-        try:
-            total = planned_frames(video_info(source.path), stride=self.stride, max_frames=self.max_frames)
-            with tqdm(total=total, desc=f"{task.name} {source.path.name}", unit="frame", leave=False) as bar:
-
-                def progress(fraction: float, _: str) -> None:
-                    bar.update(round(fraction * (total or 0)) - bar.n)
-
-                result = process_video(self.runtime, job, progress)
-        except TASK_ERRORS:
-            raise
-        except Exception as error:
-            if isinstance(error, VideoError):
-                self.unreadable.add(source.path)
-            self.report.fail(source.label, error)
-            return
-        self.report.written += result.files
-        self.report.kept += len(self.plan.outputs(task, source)) - len(missing)
-        self.report.succeeded += 1
-        persons = "" if result.persons is None else f", {_count(result.persons, 'person')}"
-        self.report.videos.append(
-            f"{source.label}, {task.name}: {result.frames} frames in {result.seconds:.1f} s, "
-            f"{result.frames_per_second:.2f} frames/s{persons}"
-        )
+__all__ = ["EXIT_NOTHING_SUCCEEDED", "EXIT_OK", "build_parser", "main"]
 
 
 # ---- arguments -------------------------------------------------------------------------------------------
-
-
-def registry_options() -> dict[str, tuple[Option, list[str]]]:
-    """Every task option by name, with the tasks that take it (an option shared by tasks appears once)."""
-    options: dict[str, tuple[Option, list[str]]] = {}
-    for task in TASKS.values():
-        for option in task.options:
-            options.setdefault(option.name, (option, []))[1].append(task.name)
-    return options
 
 
 def _checked(option: Option):
@@ -499,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     options = parser.add_argument_group("task options")
-    for option, tasks in registry_options().values():
+    for option, tasks in options_by_name().values():
         _add_task_option(options, option, tasks)
 
     outputs = parser.add_argument_group("outputs")
@@ -594,7 +229,7 @@ def _checked_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
         names = ", ".join(task.name for task in tasks)
         parser.error(f"no {args.size} model exists for {names}")
     chosen = {task.name for task in tasks}
-    for name, (_, owners) in registry_options().items():
+    for name, (_, owners) in options_by_name().items():
         if getattr(args, name) is not None and not chosen & set(owners):
             flag = "--" + name.replace("_", "-")
             parser.error(f"{flag} is an option of {', '.join(owners)}, not of {', '.join(sorted(chosen))}")
@@ -632,38 +267,36 @@ def _check_out(parser: argparse.ArgumentParser, out: Path) -> None:
         parser.error(f"--out {shown}: the folder cannot be written ({error.strerror or error})")
 
 
-def too_long(path: Path) -> bool:
-    """True when the system cannot name `path`: a part above 255 bytes or the whole above 4095."""
-    encoded = [len(os.fsencode(part)) for part in path.parts]
-    return max(encoded, default=0) > NAME_MAX or len(os.fsencode(str(path))) > PATH_MAX
-
-
-def _count(number: int, word: str) -> str:
-    return f"{number} {word}{'s' * (number != 1)}"
-
-
-def print_summary(report: Report, seconds: float, out: Path) -> None:
-    """Files written, persons found, time per photo, frames per second and failures with their reasons."""
-    kept = f", {report.kept} already there (kept)" if report.kept else ""
-    print(f"\nDone in {seconds:.1f} s: {_count(len(report.written), 'file')} written to {out}{kept}.")
-    for name, stats in report.stats.items():
-        if stats.images:
-            persons = "" if stats.persons is None else f", {_count(stats.persons, 'person')} found"
-            time_per_image = f"{stats.seconds / stats.images:.2f} s per image"
-            print(f"  {name}: {_count(stats.images, 'image')}{persons}, {time_per_image}")
-    for line in report.videos:
-        print(f"  {line}")
-    if report.failures:
-        print(f"{_count(len(report.failures), 'failure')}:")
-        for what, why in report.failures:
-            print(f"  {what}: {why}")
+def request_from_arguments(args: argparse.Namespace, tasks: Sequence[Task]) -> BatchRequest:
+    """The checked arguments as the batch engine's request."""
+    cluster = None
+    if args.ray is not None:
+        cluster = ClusterSettings(args.ray, args.actors, dict(args.actor_resources))
+    return BatchRequest(
+        tasks=tuple(tasks),
+        inputs=tuple(args.inputs),
+        out=args.out,
+        plan=Plan(args.exports, args.pictures, args.overwrite, args.video_format),
+        size=args.size,
+        model=args.model,
+        options={name: getattr(args, name) for name in options_by_name()},
+        batch_size=args.batch_size,
+        max_frames=args.max_frames,
+        stride=args.stride,
+        device=args.device,
+        dtype=args.dtype,
+        detector=args.detector,
+        checkpoint_dir=args.checkpoint_dir,
+        compile=args.compile,
+        cluster=cluster,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 1 nothing succeeded, 2 usage error)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["train"]:  # `sapiens2 train TASK ...`: fine-tuning, its own command
-        from .training.cli import main as train
+        from sapiens2.training.cli import main as train
 
         return train(argv[1:])
     for stream in (sys.stdout, sys.stderr):  # file names that are not UTF-8 print as \xNN, never crash
@@ -671,29 +304,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
-    tasks = _checked_arguments(parser, args)
-    if args.ray is not None:
-        from .scale import run_on_ray  # Ray is imported only there, and only when installed
+    request = request_from_arguments(args, _checked_arguments(parser, args))
+    if request.cluster is not None:
+        from sapiens2.batch import cluster  # Ray is imported only there, and only when installed
 
-        return run_on_ray(parser, args, tasks)
+        missing = cluster.missing_ray()
+        if missing is not None:
+            hint = cluster.INSTALL_HINT
+            parser.error(f"--ray needs Ray Data, which is not installed ({missing}). Install it: {hint}")
+        return cluster.run_on_ray(request)
     try:
         runtime = runtime_from_arguments(args, batch_size=args.batch_size)
     except ConfigError as error:
         parser.error(str(error))
-    sources, missing = collect_sources(args.inputs, args.out)
-    plan = Plan(args.exports, args.pictures, args.overwrite, args.video_format)
-    options = {name: getattr(args, name) for name in registry_options()}
-    run = Run(runtime, plan, args.batch_size, args.size, args.model, options, args.max_frames, args.stride)
-    for what, why in missing:
-        run.report.fail(what, why)
-    start = time.perf_counter()
-    names = ", ".join(task.name for task in tasks)
-    where = f"{runtime.device_label}, {runtime.dtype_label}"
-    print(f"{names} on {_count(len(sources), 'file')} ({where}) -> {args.out}")
-    for task in tasks:
-        run.task(task, sources)
-    print_summary(run.report, time.perf_counter() - start, args.out)
-    if run.report.succeeded:
-        return EXIT_OK
-    print("Nothing succeeded" + ("." if sources else ": no image or video was found."), file=sys.stderr)
-    return EXIT_NOTHING_SUCCEEDED
+    return run_locally(request, runtime)

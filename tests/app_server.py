@@ -18,9 +18,9 @@ import gradio as gr
 import gradio_client
 
 import app
-from sapiens2.cache import ModelCache
-from sapiens2.runtime import Runtime
-from sapiens2.scratch import ScratchSpace
+from sapiens2.runtime.cache import ModelCache
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.serving.scratch import ScratchSpace
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 PHOTOS = (ASSETS / "grace_hopper.jpg", ASSETS / "astronaut.png")

@@ -1,6 +1,6 @@
 """The battery of awkward and hostile image files that every way into the package must survive.
 
-`make_bad_inputs(directory)` writes one file per case and says what `sapiens2.images.load_image` must make
+`make_bad_inputs(directory)` writes one file per case and says what `vision.images.load_image` must make
 of it: an ImageInputError whose message contains `error`, or an image with the listed properties.
 """
 

@@ -73,9 +73,9 @@ def small_mirror(tiny_mirror, tmp_path_factory):
 
     from tiny_models import repo_task_size, write_tiny_checkpoint
 
-    from sapiens2.kinds import get_kind
-    from sapiens2.processing import ProcessorSettings
-    from sapiens2.tasks import TASKS
+    from sapiens2.models.kinds import get_kind
+    from sapiens2.tasks.registry import TASKS
+    from sapiens2.vision.processing import ProcessorSettings
 
     root = tmp_path_factory.mktemp("small_hub")
     repo_ids = {repo_id for task in TASKS.values() for repo_id in task.repo_ids_needed(None)}

@@ -14,11 +14,12 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 import app
-from sapiens2 import device, hub
-from sapiens2.cache import ModelCache, model_bytes
-from sapiens2.runtime import COMPILE_ENV
-from sapiens2.runtime_arguments import runtime_from_arguments
-from sapiens2.tasks import TASKS
+from sapiens2.models import device, hub
+from sapiens2.runtime.arguments import runtime_from_arguments
+from sapiens2.runtime.cache import ModelCache, model_bytes
+from sapiens2.runtime.runtime import COMPILE_ENV
+from sapiens2.serving import handlers
+from sapiens2.tasks.registry import TASKS
 
 KEYPOINTS = 308
 # Pictures that are not drawn over the photo, so need not have its size.
@@ -256,17 +257,17 @@ def test_device_note_states_the_precision_and_why(monkeypatch):
     monkeypatch.delenv(COMPILE_ENV, raising=False)
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)
     runtime = runtime_from_arguments(app.parse_args(["--device", "cpu"]))
-    note = app._device_note(runtime)
+    note = handlers.device_note(runtime)
     assert "**bf16**: this CPU computes bf16 natively" in note and "--dtype fp32" in note
     assert not runtime.compiled and "compiled" not in note
     runtime = runtime_from_arguments(app.parse_args(["--device", "cpu", "--dtype", "fp32", "--compile"]))
-    note = app._device_note(runtime)
+    note = handlers.device_note(runtime)
     assert "**fp32**: as asked" in note and "--dtype fp32" not in note
     assert runtime.compiled and "first run of each input size" in note
     monkeypatch.setenv(COMPILE_ENV, "1")
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
     runtime = runtime_from_arguments(app.parse_args(["--device", "cpu"]))
-    assert runtime.compiled and "no native bf16" in app._device_note(runtime)
+    assert runtime.compiled and "no native bf16" in handlers.device_note(runtime)
 
 
 def test_video_tab_returns_the_processed_clip(client, tmp_path):

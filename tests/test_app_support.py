@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from sapiens2.detector import DetectorError
 from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
-from sapiens2.images import ImageInputError
-from sapiens2.messages import describe_error, is_expected
-from sapiens2.scratch import ScratchSpace
+from sapiens2.runtime.messages import describe_error, is_expected
+from sapiens2.serving.scratch import ScratchSpace
+from sapiens2.vision.detector import DetectorError
+from sapiens2.vision.images import ImageInputError
 
 
 def test_each_kind_of_error_gets_its_own_sentence():

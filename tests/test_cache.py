@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from sapiens2.cache import ModelCache, budget_from_env, model_bytes
 from sapiens2.errors import ConfigError
+from sapiens2.runtime.cache import ModelCache, budget_from_env, model_bytes
 
 
 class CountingLoader:

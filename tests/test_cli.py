@@ -13,9 +13,9 @@ import pytest
 from test_video import read_video, write_clip
 
 from sapiens2.cli import EXIT_NOTHING_SUCCEEDED, EXIT_OK, build_parser, main
-from sapiens2.hub import CHECKPOINT_DIR_ENV
-from sapiens2.runtime import Runtime
-from sapiens2.tasks import ALL_TASKS, TASKS
+from sapiens2.models.hub import CHECKPOINT_DIR_ENV
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks.registry import ALL_TASKS, TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "assets"

@@ -11,9 +11,9 @@ import transformers
 from tiny_models import CentreBox, tiny_config, write_transformers_checkpoint
 
 from sapiens2 import from_pretrained
-from sapiens2.images import load_image
-from sapiens2.runtime import Runtime
-from sapiens2.tasks import ALL_TASKS
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks.registry import ALL_TASKS
+from sapiens2.vision.images import load_image
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

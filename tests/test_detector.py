@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sapiens2.detector import (
+from sapiens2.vision.detector import (
     DEFAULT_MAX_PERSONS,
     DEFAULT_WEIGHTS,
     Detections,

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sapiens2 import export
-from sapiens2.detector import Detections
-from sapiens2.metadata import keypoints308
-from sapiens2.pose import Person
+from sapiens2.data.metadata import keypoints308
+from sapiens2.outputs import exports as export
+from sapiens2.vision.detector import Detections
+from sapiens2.vision.pose_decoding import Person
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "docs" / "pose-json-schema.json").read_text())

@@ -14,7 +14,7 @@ from bad_inputs import CASE_NAMES, FRAME_COLOURS, PHOTO, TRAVERSAL_NAME, BadInpu
 from PIL import Image, ImageFile
 
 from sapiens2.errors import ConfigError, Sapiens2Error
-from sapiens2.images import (
+from sapiens2.vision.images import (
     MIN_SIDE,
     ImageInputError,
     LoadedImage,

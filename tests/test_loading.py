@@ -27,11 +27,11 @@ from safetensors.torch import load_file, save_file
 from tiny_models import tiny_4k_config, tiny_config, write_tiny_4k_checkpoint, write_tiny_checkpoint
 
 import sapiens2
-from sapiens2 import device, hub, hub_access, presets
-from sapiens2.config import Sapiens2Config
 from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
-from sapiens2.kinds import KINDS
-from sapiens2.models import build_model
+from sapiens2.models import device, hub, hub_access, presets
+from sapiens2.models.config import Sapiens2Config
+from sapiens2.models.kinds import KINDS
+from sapiens2.models.modeling import build_model
 
 KIND_SIZES = (
     ("pretrain", "0.1b"),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sapiens2 import losses
+from sapiens2.models import losses
 
 GOLDENS = Path(__file__).parent / "data" / "upstream_loss_goldens.npz"
 TOLERANCE = 1e-5

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
+from sapiens2.data.metadata import body_parts, keypoints308
 from sapiens2.errors import ConfigError
-from sapiens2.metadata import body_parts, keypoints308
 
 
 def _side_free(name: str) -> str:

@@ -13,10 +13,10 @@ from safetensors.torch import load_file, save_file
 from tiny_models import ALL_REPO_IDS, tiny_config, write_tiny_checkpoint, write_transformers_checkpoint
 
 from sapiens2 import from_pretrained
-from sapiens2.config import Sapiens2Config
 from sapiens2.errors import ConfigError
-from sapiens2.layers import Attention, Linear
-from sapiens2.models import build_model
+from sapiens2.models.config import Sapiens2Config
+from sapiens2.models.layers import Attention, Linear
+from sapiens2.models.modeling import build_model
 
 TOLERANCE = 1e-5
 INPUT = (2, 3, 64, 48)  # non-square, and not the config's 1024x768 image_size

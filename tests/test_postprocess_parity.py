@@ -17,9 +17,8 @@ import torch
 import torch.nn.functional as F
 from transformers import Sapiens2ImageProcessor
 
-from sapiens2.kinds import NORMAL
-from sapiens2.pose import DARK_KERNEL_SIZE, average_flip, decode_keypoints
-from sapiens2.postprocess import (
+from sapiens2.models.kinds import NORMAL
+from sapiens2.vision.dense import (
     composite,
     matting_to_image,
     normals_to_image,
@@ -29,7 +28,8 @@ from sapiens2.postprocess import (
     to_hwc,
     unit_vectors_,
 )
-from sapiens2.processing import BOX_PADDING, ProcessorSettings, as_boxes
+from sapiens2.vision.pose_decoding import DARK_KERNEL_SIZE, average_flip, decode_keypoints
+from sapiens2.vision.processing import BOX_PADDING, ProcessorSettings, as_boxes
 
 KEYPOINT_TOLERANCE = 1e-3
 UNDEFINED_TOLERANCE = 0.05  # keypoints of maps with no positive value (score <= 0)
@@ -392,7 +392,7 @@ def test_unit_vectors_match_normalize() -> None:
 def test_cpu_blur_equals_the_convolution_blur():
     """The OpenCV blur used on the CPU, a chunk of maps at a time, matches torch's zero-padded separable
     convolution: each blurred map's maximum and the values read from it."""
-    from sapiens2.pose import _conv_blur, _gaussian_kernel, _separable_blur_reads
+    from sapiens2.vision.pose_decoding import _conv_blur, _gaussian_kernel, _separable_blur_reads
 
     generator = torch.Generator().manual_seed(3)
     maps = torch.randn(2000, 40, 28, generator=generator)  # more than one chunk

@@ -16,8 +16,8 @@ from PIL import Image
 from transformers import Sapiens2ImageProcessor
 
 from sapiens2.errors import ConfigError
-from sapiens2.kinds import KINDS
-from sapiens2.processing import ProcessorSettings, crop_persons, preprocess
+from sapiens2.models.kinds import KINDS
+from sapiens2.vision.processing import ProcessorSettings, crop_persons, preprocess
 
 TOLERANCE = 1e-4
 ASSETS = Path(__file__).resolve().parent.parent / "assets"

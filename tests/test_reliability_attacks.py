@@ -33,10 +33,12 @@ from PIL import Image
 from test_reliability_battery import SERVER_FOLDERS, check_sentence, upload
 
 import app
-from sapiens2.jobs import Cancelled, DeviceSlot, Job
-from sapiens2.media import VideoError, open_capture
-from sapiens2.runtime import Runtime
-from sapiens2.video import VideoJob, process_video
+from sapiens2.batch.video import VideoJob, process_video
+from sapiens2.runtime.jobs import Cancelled, Job
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.serving import handlers
+from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.vision.video_files import VideoError, open_capture
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_PHOTO = PHOTOS[0]
@@ -301,13 +303,13 @@ def test_cancelled_jobs_stop_their_work_and_hold_the_model_until_they_do(server,
 
 def test_pictures_and_files_are_written_off_the_device(server, client, monkeypatch):
     held = []
-    write_picture = app.write_picture
+    write_picture = handlers.write_picture
 
     def recording(*args, **kwargs):
         held.append(server.demo.device_slot.busy)
         return write_picture(*args, **kwargs)
 
-    monkeypatch.setattr(app, "write_picture", recording)
+    monkeypatch.setattr(handlers, "write_picture", recording)
     client.predict(handle_file(str(GOOD_PHOTO)), api_name="/features")
     assert held == [False], "the next request's model work may run while this one writes its pictures"
 

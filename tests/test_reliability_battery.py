@@ -32,13 +32,14 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 import app
-from sapiens2 import hub
-from sapiens2.detector import MAX_PERSONS_ENV, max_persons_from_env
 from sapiens2.errors import CheckpointError, ConfigError
-from sapiens2.images import load_image
-from sapiens2.runtime import Runtime
-from sapiens2.scratch import ScratchSpace
-from sapiens2.tasks import TASKS
+from sapiens2.models import hub
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.serving import handlers, requests
+from sapiens2.serving.scratch import ScratchSpace
+from sapiens2.tasks.registry import TASKS
+from sapiens2.vision.detector import MAX_PERSONS_ENV, max_persons_from_env
+from sapiens2.vision.images import load_image
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD_PHOTO = PHOTOS[0]
@@ -167,7 +168,7 @@ def test_every_bad_file_gets_a_sentence_or_a_correct_result(server, client, batt
         )
         picture, summary, _, files = client.predict(payload, api_name="/features")
         height, width = case.size
-        shown = min(1.0, app.SHOWN_MAX_SIDE / max(height, width))  # the page gets at most 4096 px
+        shown = min(1.0, handlers.SHOWN_MAX_SIDE / max(height, width))  # the page gets at most 4096 px
         assert picture_size(picture) == (round(width * shown), round(height * shown))
         if case.note:
             assert case.note in summary
@@ -295,7 +296,7 @@ def test_a_path_on_the_server_is_never_opened(server, client, api_name):
     for payload in (bare, {"path": "/etc/passwd"}, {"path": "../../../../etc/passwd"}):
         data = [payload, "0.1b"] if api_name == "features" else [photo, "1b", "#00b140", payload]
         event, error = call(server.url, api_name, data)
-        assert event == "error" and error["error"] == app.NOT_UPLOADED
+        assert event == "error" and error["error"] == requests.NOT_UPLOADED
         check_sentence(error["error"])
     # Marked as a file, Gradio itself refuses a path it did not receive as an upload.
     data = [marked, "0.1b"] if api_name == "features" else [photo, "1b", "#00b140", marked]

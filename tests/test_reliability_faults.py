@@ -18,7 +18,7 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from huggingface_hub.utils import httpx as hub_httpx  # the HTTP library huggingface_hub raises from
 
-from sapiens2 import hub, weights
+from sapiens2.models import hub, weights
 
 PHOTO = handle_file(str(PHOTOS[1]))
 OUT_OF_MEMORY = "The GPU ran out of memory. Choose a smaller model size or a smaller photo"

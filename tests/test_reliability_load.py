@@ -33,8 +33,8 @@ from gradio_client.utils import QueueError
 from PIL import Image
 
 import app
-from sapiens2.runtime import Runtime
-from sapiens2.scratch import ScratchSpace
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.serving.scratch import ScratchSpace
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = 16

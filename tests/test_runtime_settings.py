@@ -6,9 +6,9 @@ import pytest
 from tiny_models import write_tiny_checkpoint
 
 from sapiens2.errors import ConfigError
-from sapiens2.images import load_image
-from sapiens2.kinds import POINTMAP, SEG
-from sapiens2.runtime import Runtime
+from sapiens2.models.kinds import POINTMAP, SEG
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.vision.images import load_image
 
 PHOTO = "assets/grace_hopper.jpg"
 

@@ -23,7 +23,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 import ray  # noqa: E402
 
-from sapiens2.scale.run import SizingError, size_stages  # noqa: E402
+from sapiens2.batch.cluster.run import SizingError, size_stages  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {

@@ -8,14 +8,14 @@ import torch
 from PIL import Image
 from tiny_models import write_tiny_4k_checkpoint
 
-from sapiens2.detector import YoloPersonDetector
-from sapiens2.images import load_image
-from sapiens2.kinds import POINTMAP, SEG
-from sapiens2.metadata import body_parts
-from sapiens2.postprocess import pointmap_to_image, to_hwc
-from sapiens2.processing import preprocess
-from sapiens2.runtime import Runtime
-from sapiens2.tasks import ALL_TASKS, TASKS, get_task
+from sapiens2.data.metadata import body_parts
+from sapiens2.models.kinds import POINTMAP, SEG
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks.registry import ALL_TASKS, TASKS, get_task
+from sapiens2.vision.dense import pointmap_to_image, to_hwc
+from sapiens2.vision.detector import YoloPersonDetector
+from sapiens2.vision.images import load_image
+from sapiens2.vision.processing import preprocess
 
 PHOTOS = ("assets/grace_hopper.jpg", "assets/astronaut.png")
 

@@ -19,7 +19,7 @@ from tiny_datasets import WRITERS
 from tiny_models import tiny_config, write_transformers_checkpoint
 
 from sapiens2 import from_pretrained
-from sapiens2.tasks import get_task
+from sapiens2.tasks.registry import get_task
 from sapiens2.training import cli
 from sapiens2.training.trainer import TrainOptions, train
 

@@ -16,7 +16,7 @@ from test_training import options, trainable_checkpoint
 from tiny_datasets import CLASS_NAMES, POSE_NAMES, write_pose, write_segmentation
 
 from sapiens2.errors import ConfigError
-from sapiens2.local_models import local_choices
+from sapiens2.tasks.local_models import local_choices
 from sapiens2.training.trainer import train
 
 

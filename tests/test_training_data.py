@@ -11,15 +11,15 @@ import pytest
 import torch
 from tiny_datasets import CLASS_NAMES, write_pointmaps, write_pose, write_segmentation
 
-from sapiens2 import losses
+from sapiens2.data.metadata import body_parts
 from sapiens2.errors import DatasetError
-from sapiens2.metadata import body_parts
-from sapiens2.models import flip_back
-from sapiens2.pose import decode_keypoints
-from sapiens2.processing import BOX_PADDING, boxes_xywh_to_cxcywh, crop_windows
+from sapiens2.models import losses
+from sapiens2.models.modeling import flip_back
 from sapiens2.training import augment, codecs, datasets, optim
 from sapiens2.training.augment import DenseSample
 from sapiens2.training.samples import canonical_pointmap
+from sapiens2.vision.pose_decoding import decode_keypoints
+from sapiens2.vision.processing import BOX_PADDING, boxes_xywh_to_cxcywh, crop_windows
 
 # ---- heatmap targets ------------------------------------------------------------------------------------
 
@@ -201,8 +201,8 @@ def test_depth_maps_without_cameras_are_refused(tmp_path):
 def test_layer_decay_and_weight_decay_groups_follow_the_official_runner():
     from tiny_models import tiny_config
 
-    from sapiens2.config import Sapiens2Config
-    from sapiens2.models import build_model
+    from sapiens2.models.config import Sapiens2Config
+    from sapiens2.models.modeling import build_model
 
     model = build_model(Sapiens2Config.from_dict(tiny_config("seg")))
     groups = optim.parameter_groups(model, lr=1.0, layer_decay=0.5)

@@ -15,13 +15,13 @@ import torch
 from safetensors.torch import save_file
 
 import sapiens2
-from sapiens2 import presets
-from sapiens2.config import HeadConfig, Sapiens2Config
 from sapiens2.errors import ConfigError
-from sapiens2.heads import DecodeHead, PointmapHead
-from sapiens2.models import build_model
-from sapiens2.postprocess import pointmap_to_image
-from sapiens2.processing import ProcessorSettings, content_box
+from sapiens2.models import presets
+from sapiens2.models.config import HeadConfig, Sapiens2Config
+from sapiens2.models.heads import DecodeHead, PointmapHead
+from sapiens2.models.modeling import build_model
+from sapiens2.vision.dense import pointmap_to_image
+from sapiens2.vision.processing import ProcessorSettings, content_box
 
 DATA = Path(__file__).parent / "data"
 TOLERANCE = 1e-5  # relative (Frobenius) error; measured values are in docs/fidelity.md

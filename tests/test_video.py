@@ -8,9 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from sapiens2.runtime import Runtime
-from sapiens2.tasks import get_task
-from sapiens2.video import (
+from sapiens2.batch.video import (
     FrameReader,
     VideoError,
     VideoFileWriter,
@@ -20,6 +18,8 @@ from sapiens2.video import (
     video_info,
     video_outputs,
 )
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks.registry import get_task
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 FRAMES, HEIGHT, WIDTH, FPS = 6, 256, 192, 12.0

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sapiens2 import visualize
-from sapiens2.metadata import body_parts, keypoints308
-from sapiens2.pose import Person
+from sapiens2.data.metadata import body_parts, keypoints308
+from sapiens2.outputs import pictures as visualize
+from sapiens2.vision.pose_decoding import Person
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 

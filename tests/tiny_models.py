@@ -1,6 +1,6 @@
 """Tiny random Sapiens2 checkpoints written by transformers' `save_pretrained`, for tests.
 
-Each tiny model keeps the official layout of its repo (`sapiens2.presets`: 308 keypoints with their names
+Each tiny model keeps the official layout of its repo (`models.presets`: 308 keypoints with their names
 and flip pairs, 29 body parts, deconv or pixel-shuffle heads with the official number of layers and kernel
 sizes, the pointmap scale branch, GQA between full-attention blocks, 8 register tokens, QK norm) with
 tiny widths (hidden 32, 3 blocks, head channels / 64), so that a checkpoint is a few hundred KB.
@@ -22,8 +22,8 @@ import numpy as np
 import torch
 import transformers
 
-from sapiens2 import presets
-from sapiens2.detector import Detections
+from sapiens2.models import presets
+from sapiens2.vision.detector import Detections
 
 SIZES = ("0.4b", "0.8b", "1b", "5b")
 ALL_REPO_IDS: tuple[str, ...] = (
@@ -142,8 +142,8 @@ def write_tiny_4k_checkpoint(
 
     from safetensors.torch import save_file
 
-    from sapiens2.config import Sapiens2Config
-    from sapiens2.models import build_model
+    from sapiens2.models.config import Sapiens2Config
+    from sapiens2.models.modeling import build_model
 
     config = tiny_4k_config(image_size)
     torch.manual_seed(seed)

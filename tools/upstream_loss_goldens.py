@@ -6,7 +6,7 @@ For each task, the decode head of the official 0.4b 1024x768 config is built wit
 config's own `loss_decode` list, and its `loss` method runs on seeded random predictions and targets; the
 terms are reduced the way the official runner does (`BaseModel.parse_losses`). The file holds the inputs,
 every term, and the gradient of their sum with respect to the predictions. tests/test_losses.py compares
-sapiens2.losses against it; the tests never import the upstream code.
+sapiens2.models.losses against it; the tests never import the upstream code.
 """
 
 from __future__ import annotations

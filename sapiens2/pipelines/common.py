@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from ..kinds import ModelKind
-from ..processing import image_to_tensor, normalize, resize_image
-from .context import PipelineContext
-from .steps import Photo, Step
+from sapiens2.models.kinds import ModelKind
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.pipelines.steps import Photo, Step
+from sapiens2.vision.processing import image_to_tensor, normalize, resize_image
 
 INPUT = "input"  # values key of the task model's input; a helper model's input is under its kind's name
 

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from ..config import Sapiens2Config
-from ..detector import Detections
-from ..images import LoadedImage
-from ..kinds import ModelKind
-from ..processing import ProcessorSettings
-from ..progress import Progress
-from ..results import Timings
+from sapiens2.models.config import Sapiens2Config
+from sapiens2.models.kinds import ModelKind
+from sapiens2.outputs.results import Timings
+from sapiens2.progress import Progress
+from sapiens2.vision.detector import Detections
+from sapiens2.vision.images import LoadedImage
+from sapiens2.vision.processing import ProcessorSettings
 
-if TYPE_CHECKING:
-    from ..tasks import Task
+
+class TaskSpec(Protocol):
+    """What a pipeline reads of its registry entry (`sapiens2.tasks.Task`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> ModelKind: ...
+
+    @property
+    def helper_option(self) -> str | None: ...
+
+    def helper_repo_id(self, repo_id: str) -> str | None: ...
 
 
 class ModelHost(Protocol):
@@ -27,11 +39,6 @@ class ModelHost(Protocol):
     def model(self, repo_id: str, progress: Progress | None = None) -> nn.Module: ...
 
     def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings: ...
-
-    def stage(self, text: str) -> None:
-        """Say what the run is doing now ("running the model", ...)."""
-        if self.progress is not None:
-            self.progress(None, text)
 
     def forward(self, model: nn.Module, pixel_values: torch.Tensor, **kwargs: Any) -> Any: ...
 
@@ -46,7 +53,7 @@ class PipelineContext:
     options, the batch's timings (shared by its photos) and the progress callback."""
 
     host: ModelHost
-    task: Task
+    task: TaskSpec
     repo_id: str
     options: Mapping[str, Any]
     progress: Progress | None = None

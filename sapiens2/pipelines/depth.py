@@ -6,15 +6,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..export import write_depth, write_point_cloud, write_point_cloud_preview
-from ..options import Option
-from ..postprocess import pointmap_to_image, to_hwc
-from ..results import TaskResult
-from ..visualize import depth_picture
-from .common import forward_inputs, resize_step, row
-from .context import PipelineContext
-from .segment import background_masks, helper_resize_step
-from .steps import Photo, Pipeline, Step
+from sapiens2.outputs.exports import write_depth, write_point_cloud, write_point_cloud_preview
+from sapiens2.outputs.pictures import depth_picture
+from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.common import forward_inputs, resize_step, row
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.pipelines.options import Option
+from sapiens2.pipelines.segment import background_masks, helper_resize_step
+from sapiens2.pipelines.steps import Photo, Pipeline, Step
+from sapiens2.vision.dense import pointmap_to_image, to_hwc
 
 OPTIONS = (
     Option(

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..export import write_features
-from ..results import TaskResult
-from ..visualize import pca_picture
-from .common import forward_inputs, resize_step
-from .context import PipelineContext
-from .steps import Photo, Pipeline, Step
+from sapiens2.outputs.exports import write_features
+from sapiens2.outputs.pictures import pca_picture
+from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.common import forward_inputs, resize_step
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.pipelines.steps import Photo, Pipeline, Step
 
 
 def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:

@@ -7,15 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from ..export import write_matting, write_picture
-from ..images import LoadedImage, load_image
-from ..options import Option
-from ..postprocess import alpha_to_uint8, composite, matting_to_image, to_hwc
-from ..results import TaskResult
-from ..visualize import alpha_picture, cutout_on_checkerboard
-from .common import forward_inputs, resize_step
-from .context import PipelineContext
-from .steps import Photo, Pipeline, Step
+from sapiens2.outputs.exports import write_matting, write_picture
+from sapiens2.outputs.pictures import alpha_picture, cutout_on_checkerboard
+from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.common import forward_inputs, resize_step
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.pipelines.options import Option
+from sapiens2.pipelines.steps import Photo, Pipeline, Step
+from sapiens2.vision.dense import alpha_to_uint8, composite, matting_to_image, to_hwc
+from sapiens2.vision.images import LoadedImage, load_image
 
 OPTIONS = (
     Option("background_color", "Background colour", "color", "#00b140"),

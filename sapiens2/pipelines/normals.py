@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..export import write_normals
-from ..postprocess import normals_to_image, to_hwc, unit_vectors_
-from ..results import TaskResult
-from ..visualize import normals_picture
-from .common import forward_inputs, resize_step
-from .context import PipelineContext
-from .segment import background_masks, helper_resize_step
-from .steps import Photo, Pipeline, Step
+from sapiens2.outputs.exports import write_normals
+from sapiens2.outputs.pictures import normals_picture
+from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.common import forward_inputs, resize_step
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.pipelines.segment import background_masks, helper_resize_step
+from sapiens2.pipelines.steps import Photo, Pipeline, Step
+from sapiens2.vision.dense import normals_to_image, to_hwc, unit_vectors_
 
 
 def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:

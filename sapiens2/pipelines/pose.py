@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..detector import Detections
-from ..export import POSE_FRAMES_SUFFIX, write_pose_frames_json, write_pose_json
-from ..images import LoadedImage
-from ..metadata import KeypointMeta, keypoint_set, keypoints308
-from ..options import ByDevice, Option
-from ..pose import Person, decode_keypoints
-from ..processing import crop_persons
-from ..results import FrameLog, TaskResult
-from ..visualize import draw_pose
-from .context import PipelineContext
-from .steps import Photo, Pipeline, Step
+from sapiens2.data.metadata import KeypointMeta, keypoint_set, keypoints308
+from sapiens2.outputs.exports import POSE_FRAMES_SUFFIX, write_pose_frames_json, write_pose_json
+from sapiens2.outputs.pictures import draw_pose
+from sapiens2.outputs.results import FrameLog, TaskResult
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.pipelines.options import ByDevice, Option
+from sapiens2.pipelines.steps import Photo, Pipeline, Step
+from sapiens2.vision.detector import Detections
+from sapiens2.vision.images import LoadedImage
+from sapiens2.vision.pose_decoding import Person, decode_keypoints
+from sapiens2.vision.processing import crop_persons
 
 OPTIONS = (
     Option("threshold", "Keypoint threshold", "slider", 0.3, 0.0, 1.0, 0.05),

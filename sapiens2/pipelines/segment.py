@@ -8,16 +8,16 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..export import write_segmentation
-from ..kinds import SEG
-from ..metadata import BodyPartMeta, body_parts, class_set
-from ..options import Option
-from ..postprocess import segmentation_labels
-from ..results import TaskResult
-from ..visualize import label_counts, overlay_segmentation, segmentation_legend
-from .common import INPUT, forward_inputs, resize_step
-from .context import PipelineContext
-from .steps import Photo, Pipeline, Step
+from sapiens2.data.metadata import BodyPartMeta, body_parts, class_set
+from sapiens2.models.kinds import SEG
+from sapiens2.outputs.exports import write_segmentation
+from sapiens2.outputs.pictures import label_counts, overlay_segmentation, segmentation_legend
+from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.common import INPUT, forward_inputs, resize_step
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.pipelines.options import Option
+from sapiens2.pipelines.steps import Photo, Pipeline, Step
+from sapiens2.vision.dense import segmentation_labels
 
 OPTIONS = (Option("opacity", "Overlay opacity", "slider", 0.6, 0.0, 1.0, 0.05),)
 HELPER_INPUT = SEG.name  # values key of the helper body-part model's input, for the tasks that mask with it

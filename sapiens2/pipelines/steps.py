@@ -1,4 +1,4 @@
-"""A task's pipeline as steps that run together in one process or apart on a cluster (`sapiens2.scale`).
+"""A task's pipeline as steps that run together in one process or apart on a cluster (`batch.cluster`).
 
 Each step fills the photos' `values` for the next ones: CPU steps (preprocessing, crops) need no model;
 model steps (detection, forwards and the reductions that belong next to the model's outputs) run where
@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 import torch
 
-from ..images import LoadedImage
-from ..results import TaskResult, Timings
-from .context import PipelineContext
+from sapiens2.outputs.results import TaskResult, Timings
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.vision.images import LoadedImage
 
 Stage = Literal["detection", "model", "decode"]  # the Timings field a step's time counts to
 
@@ -65,7 +65,7 @@ Finish = Callable[[PipelineContext, Photo], TaskResult]
 
 @dataclass(frozen=True)
 class Pipeline:
-    """A task's steps and its finish: run whole by `run`, or step by step by `sapiens2.scale`."""
+    """A task's steps and its finish: run whole by `run`, or step by step by `sapiens2.batch.cluster`."""
 
     steps: tuple[Step, ...]
     finish: Finish

@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from sapiens2.errors import TrainingError
-from sapiens2.hub import CONFIG_NAME, PROCESSOR_CONFIG_NAME, WEIGHTS_NAME
-from sapiens2.processing import ProcessorSettings
+from sapiens2.models.hub import CONFIG_NAME, PROCESSOR_CONFIG_NAME, WEIGHTS_NAME
+from sapiens2.vision.processing import ProcessorSettings
 
 STATE_NAME = "optimizer.safetensors"
 SCHEDULE_NAME = "optimizer.json"

@@ -1,7 +1,7 @@
 """Pose targets: keypoints in a person crop to Gaussian heatmaps with the official UDP encoding.
 
-The inverse is `sapiens2.pose.decode_keypoints` (arg-max + DARK refinement), which maps heatmap cell j to
-crop pixel j * (input - 1) / (heatmap - 1): the same unbiased (UDP) correspondence as here.
+The inverse is `vision.pose_decoding.decode_keypoints` (arg-max + DARK refinement), which maps heatmap
+cell j to crop pixel j * (input - 1) / (heatmap - 1): the same unbiased (UDP) correspondence as here.
 """
 
 from __future__ import annotations

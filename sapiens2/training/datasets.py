@@ -31,10 +31,10 @@ import cv2
 import numpy as np
 import torch
 
-from sapiens2 import metadata
+from sapiens2.data import metadata
+from sapiens2.data.metadata import keypoints308
 from sapiens2.errors import DatasetError
-from sapiens2.losses import fit_intrinsics
-from sapiens2.metadata import keypoints308
+from sapiens2.models.losses import fit_intrinsics
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 IGNORE_LABEL = 255

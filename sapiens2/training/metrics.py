@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sapiens2.pose import decode_keypoints
 from sapiens2.training.datasets import IGNORE_LABEL
+from sapiens2.vision.pose_decoding import decode_keypoints
 
 
 class Metric:

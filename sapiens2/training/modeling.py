@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from sapiens2 import presets
-from sapiens2.config import Sapiens2Config
 from sapiens2.errors import TrainingError
-from sapiens2.hub import from_pretrained, resolve_checkpoint
-from sapiens2.kinds import PRETRAIN
-from sapiens2.models import MODEL_CLASSES, DenseTaskModel, build_model
+from sapiens2.models import presets
+from sapiens2.models.config import Sapiens2Config
+from sapiens2.models.hub import from_pretrained, resolve_checkpoint
+from sapiens2.models.kinds import PRETRAIN
+from sapiens2.models.modeling import MODEL_CLASSES, DenseTaskModel, build_model
 from sapiens2.training.datasets import ClassSet, KeypointSet
 from sapiens2.training.tasks import Labels, TrainingTask
 

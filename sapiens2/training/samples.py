@@ -13,11 +13,17 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from sapiens2 import losses
-from sapiens2.processing import BOX_PADDING, ProcessorSettings, boxes_xywh_to_cxcywh, crop_windows, normalize
+from sapiens2.models import losses
 from sapiens2.training import augment, codecs, datasets
 from sapiens2.training.augment import DenseSample
 from sapiens2.training.datasets import ClassSet, DenseRecord, KeypointSet, PoseRecord
+from sapiens2.vision.processing import (
+    BOX_PADDING,
+    ProcessorSettings,
+    boxes_xywh_to_cxcywh,
+    crop_windows,
+    normalize,
+)
 
 Key = tuple[int, int | None]
 

@@ -9,15 +9,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from sapiens2 import losses, metadata
-from sapiens2.config import Sapiens2Config
+from sapiens2.data import metadata
+from sapiens2.data.metadata import body_parts
 from sapiens2.errors import TrainingError
-from sapiens2.kinds import ModelKind
-from sapiens2.metadata import body_parts
-from sapiens2.processing import ProcessorSettings
-from sapiens2.tasks import Task, get_task
+from sapiens2.models import losses
+from sapiens2.models.config import Sapiens2Config
+from sapiens2.models.kinds import ModelKind
+from sapiens2.tasks.registry import Task, get_task
 from sapiens2.training import datasets, metrics, samples
 from sapiens2.training.datasets import ClassSet, KeypointSet
+from sapiens2.vision.processing import ProcessorSettings
 
 Labels = KeypointSet | ClassSet | tuple[str, ...]
 

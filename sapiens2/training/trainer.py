@@ -29,13 +29,13 @@ from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
 from sapiens2.errors import TrainingError
-from sapiens2.hub import processor_config_dir
-from sapiens2.processing import ProcessorSettings
+from sapiens2.models.hub import processor_config_dir
 from sapiens2.training import checkpoints, optim
 from sapiens2.training.modeling import load_trainable
 from sapiens2.training.records import RunRecord
 from sapiens2.training.samples import TaskSamples
 from sapiens2.training.tasks import TrainingTask, get_training_task
+from sapiens2.vision.processing import ProcessorSettings
 
 log = logging.getLogger("sapiens2.train")
 

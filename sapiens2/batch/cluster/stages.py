@@ -1,0 +1,246 @@
+"""The Ray Data stages of a task, each a plain function or class over pandas batches of photo rows.
+
+A row carries its input (`source`, `fs`, `label`), its output place (`directory`, `stem`), then the bytes,
+the `Photo` on its way through the task's steps, and `error`/`stage` once something went wrong: a failed
+row passes through every later stage untouched and becomes a row of the failures table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import pyarrow.fs as pafs
+
+from sapiens2.batch.cluster.storage import Place, read_bytes, write_outputs
+from sapiens2.batch.cluster.tables import RECORD, failure
+from sapiens2.batch.plan import Plan
+from sapiens2.batch.report import TASK_ERRORS, reason
+from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.pipelines.steps import Photo, Step, detached
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks.registry import Task, get_task
+from sapiens2.vision.images import load_image
+
+
+@dataclass(frozen=True)
+class Job:
+    """One task over the photos: everything a stage needs, sent once to each worker."""
+
+    task: str
+    repo_id: str
+    options: Mapping[str, Any]
+    plan: Plan
+    out: Place
+    filesystems: tuple[pafs.FileSystem, ...]  # the inputs' filesystems; a row names its own by index
+    device: str | None
+    dtype: str | None
+    detector: str | None
+    batch_size: int
+    environment: Mapping[str, str]  # SAPIENS2_* and offline settings of the command, for every worker
+
+    @property
+    def entry(self) -> Task:
+        return get_task(self.task)
+
+    def context(self, host: Runtime) -> PipelineContext:
+        os.environ.update(self.environment)
+        return PipelineContext(host, self.entry, self.repo_id, self.options)
+
+    def groups(self) -> list[tuple[bool, tuple[Step, ...]]]:
+        return self.entry.pipeline.groups()
+
+
+@functools.cache
+def _cpu_runtime() -> Runtime:
+    """A worker's runtime for CPU steps: its processor settings, read once per worker, and never a model."""
+    return Runtime(device="cpu")
+
+
+def _cpu_context(job: Job) -> PipelineContext:
+    return job.context(_cpu_runtime())
+
+
+def _rows(batch: pd.DataFrame) -> list[dict[str, Any]]:
+    return batch.to_dict("records")
+
+
+def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
+    """The rows as a batch of Python objects, which Ray moves between its workers as they are."""
+    return pd.DataFrame({name: pd.Series([row.get(name) for row in rows], dtype=object) for name in columns})
+
+
+ROW = ("source", "fs", "label", "directory", "stem")
+CARRIED = (*ROW, "error", "stage", "read_s", "decode_s", "nodes")
+
+
+def _failed(row: dict[str, Any], stage: str, error: BaseException | str) -> None:
+    row["error"] = error if isinstance(error, str) else reason(error)
+    row["stage"] = stage
+    row.pop("photo", None)
+
+
+def read_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
+    """Each photo's bytes, read from its filesystem."""
+    rows = _rows(batch)
+    for row in rows:
+        start = time.perf_counter()
+        try:
+            row["data"] = read_bytes(job.filesystems[row["fs"]], row["source"])
+        except Exception as error:  # a vanished file, a permission, a network error: this photo only
+            _failed(row, "read", f"The file could not be read: {reason(error)}")
+        row["read_s"] = time.perf_counter() - start
+    return _frame(rows, (*CARRIED, "data"))
+
+
+def decode_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
+    """Bytes to a clean photo (the package's input hygiene), then the task's leading CPU steps."""
+    rows = _rows(batch)
+    context = _cpu_context(job)
+    uses_model, steps = job.groups()[0]
+    for row in rows:
+        data = row.pop("data", None)
+        if row.get("error"):
+            continue
+        start = time.perf_counter()
+        try:
+            image = load_image(data)
+            image.model_rgb  # noqa: B018 - computed here, on a CPU worker, rather than by the model stage
+        except Exception as error:
+            _failed(row, "decode", error)
+            continue
+        finally:
+            row["decode_s"] = time.perf_counter() - start
+        row["photo"] = Photo(image)
+        if not uses_model:
+            _cpu_steps(row, steps, context)
+    return _frame(rows, (*CARRIED, "photo"))
+
+
+def _cpu_steps(row: dict[str, Any], steps: Sequence[Step], context: PipelineContext) -> None:
+    try:
+        for step in steps:
+            step.apply(context, [row["photo"]])
+    except TASK_ERRORS:
+        raise
+    except Exception as error:
+        _failed(row, steps[0].name, error)
+
+
+def cpu_stage(batch: pd.DataFrame, job: Job, group: int) -> pd.DataFrame:
+    """A group of CPU steps between two model stages (pose: the person crops)."""
+    rows = _rows(batch)
+    context = _cpu_context(job)
+    for row in rows:
+        if not row.get("error"):
+            _cpu_steps(row, job.groups()[group][1], context)
+    return _frame(rows, (*CARRIED, "photo"))
+
+
+class ModelStage:
+    """An actor holding the models of a group of model steps (loaded once), run on batches of photos."""
+
+    def __init__(self, job: Job, group: int) -> None:
+        import ray
+        import torch
+
+        self.job, self.steps = job, job.groups()[group][1]
+        os.environ.update(job.environment)
+        self.runtime = Runtime(
+            device=job.device, dtype=job.dtype, detector=job.detector, batch_size=job.batch_size
+        )
+        if self.runtime.device.type == "cpu":
+            # Ray starts workers with one thread per reserved CPU; a model on CPUs uses the node's cores.
+            torch.set_num_threads(len(os.sched_getaffinity(0)))
+        self.context = job.context(self.runtime)
+        self.node = ray.get_runtime_context().get_node_id()
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        rows = _rows(batch)
+        todo = [row for row in rows if not row.get("error")]
+        for row, outcome in zip(todo, self._run([row["photo"] for row in todo]), strict=True):
+            if isinstance(outcome, Photo):
+                row["photo"] = dataclasses.replace(outcome, values=detached(outcome.values))
+                row["nodes"] = [*(row.get("nodes") or []), self.node]
+            else:
+                _failed(row, self.steps[0].name, outcome)
+        return _frame(rows, (*CARRIED, "photo"))
+
+    def _run(self, photos: list[Photo]) -> list[Photo | str]:
+        """The photos after the steps; when the batch fails, each photo is tried alone, as without --ray."""
+        if not photos:
+            return []
+        attempt = [
+            dataclasses.replace(photo, values=dict(photo.values), seconds=dict(photo.seconds))
+            for photo in photos
+        ]
+        try:
+            for step in self.steps:
+                step.apply(self.context, attempt)
+            return attempt
+        except TASK_ERRORS:
+            raise
+        except Exception as error:
+            if len(photos) == 1:
+                return [reason(error)]
+        return [outcome for photo in photos for outcome in self._run([photo])]
+
+
+def finish_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
+    """Each photo's result, its files written, and its row for the tables (as `record`)."""
+    rows = _rows(batch)
+    context = _cpu_context(job)
+    context.settings()  # its notes for every photo (a model run at another size than it was built for)
+    records = []
+    for row in rows:
+        if not row.get("error"):
+            try:
+                result = job.entry.pipeline.finished(context, row["photo"])
+            except TASK_ERRORS:
+                raise
+            except Exception as error:
+                _failed(row, "finish", error)
+        if not row.get("error"):
+            start = time.perf_counter()
+            try:
+                place = (row["directory"], row["stem"])
+                written, _ = write_outputs(result, job.entry, job.plan, job.out, *place)
+            except Exception as error:
+                _failed(row, "write", f"Its outputs could not be written: {reason(error)}")
+            else:
+                seconds = time.perf_counter() - start
+                records.append(_record(row, job, result, context.notes, written, seconds))
+                continue
+        records.append(failure(row["label"], job.task, row["stage"], row["error"]))
+    return pd.DataFrame({RECORD: pd.Series(records, dtype=object)})
+
+
+def _record(
+    row: dict[str, Any], job: Job, result: TaskResult, notes: list[str], written: list[str], write_s: float
+) -> dict:
+    """The photo's row of the predictions table, with what the sink sums."""
+    photo: Photo = row["photo"]
+    task = job.entry
+    height, width = photo.image.original_size
+    outputs = [f"{row['directory']}/{row['stem']}{suffix}" for suffix in job.plan.image_suffixes(task)]
+    return {
+        "path": row["label"],
+        "stem": job.out.relative(f"{row['directory']}/{row['stem']}"),
+        "width": width,
+        "height": height,
+        "persons": result.persons,
+        "outputs": [job.out.shown(path) for path in outputs],
+        "notes": list(photo.image.notes) + notes + result.notes,
+        "model": result.model_id,
+        "nodes": row.get("nodes") or [],
+        "seconds": {"read": row["read_s"], "decode": row["decode_s"], **photo.seconds, "write": write_s},
+        "columns": dict(task.columns(result)) if task.columns else {},
+        "written": len(written),
+    }

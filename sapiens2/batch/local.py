@@ -1,0 +1,197 @@
+"""The batch run on this machine: every task over the inputs, photos in batches, videos frame by frame."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from huggingface_hub.utils import tqdm  # the tqdm that huggingface_hub, a dependency, ships with
+
+from sapiens2.batch.inputs import Source, collect_sources
+from sapiens2.batch.plan import too_long, write_image_outputs
+from sapiens2.batch.report import (
+    EXIT_NOTHING_SUCCEEDED,
+    EXIT_OK,
+    TASK_ERRORS,
+    Report,
+    TaskStats,
+    count,
+    print_summary,
+    reason,
+)
+from sapiens2.batch.request import BatchRequest
+from sapiens2.batch.video import (
+    VIDEO_FORMATS,
+    VideoError,
+    VideoJob,
+    planned_frames,
+    process_video,
+    video_info,
+)
+from sapiens2.outputs.results import TaskResult
+from sapiens2.runtime import Runtime
+from sapiens2.tasks import Task
+from sapiens2.vision.images import ImageInputError, LoadedImage, load_image
+
+
+def run_locally(request: BatchRequest, runtime: Runtime) -> int:
+    """Run the request's tasks on its inputs with `runtime`, print the summary; returns the exit status."""
+    out = Path(request.out)
+    sources, missing = collect_sources(request.inputs, out)
+    run = Run(runtime, request)
+    for what, why in missing:
+        run.report.fail(what, why)
+    start = time.perf_counter()
+    names = ", ".join(task.name for task in request.tasks)
+    where = f"{runtime.device_label}, {runtime.dtype_label}"
+    print(f"{names} on {count(len(sources), 'file')} ({where}) -> {out}")
+    for task in request.tasks:
+        run.task(task, sources)
+    print_summary(run.report, time.perf_counter() - start, out)
+    if run.report.succeeded:
+        return EXIT_OK
+    print("Nothing succeeded" + ("." if sources else ": no image or video was found."), file=sys.stderr)
+    return EXIT_NOTHING_SUCCEEDED
+
+
+@dataclass
+class Run:
+    """Runs tasks over sources and fills a report."""
+
+    runtime: Runtime
+    request: BatchRequest
+    report: Report = field(default_factory=Report)
+    unreadable: set[Path] = field(default_factory=set)
+
+    @property
+    def plan(self):
+        return self.request.plan
+
+    def task(self, task: Task, sources: Sequence[Source]) -> None:
+        """Run one task on every source that still needs it; a model or detector failure stops the task."""
+        readable = [source for source in sources if source.path not in self.unreadable]
+        for source in readable:  # known up front: the model never runs for outputs that cannot be named
+            if any(too_long(path) for path in self.plan.outputs(task, source)):
+                self.unreadable.add(source.path)
+                self.report.fail(source.label, "Its output file names would be too long for this system.")
+        readable = [source for source in readable if source.path not in self.unreadable]
+        todo = [source for source in readable if self.plan.pending(task, source)]
+        for source in set(readable) - set(todo):
+            outputs = self.plan.outputs(task, source)
+            self.report.succeeded += bool(outputs)
+            self.report.kept += len(outputs)
+        try:
+            self.images(task, [source for source in todo if not source.is_video])
+            for source in todo:
+                if source.is_video:
+                    self.video(task, source)
+        except TASK_ERRORS as error:
+            self.report.fail(f"{task.name} (task stopped)", error)
+
+    def images(self, task: Task, sources: Sequence[Source]) -> None:
+        if not sources:
+            return
+        stats = self.report.stats.setdefault(task.name, TaskStats())
+        batch_size = self.request.batch_size
+        with tqdm(total=len(sources), desc=task.name, unit="image", leave=False) as bar:
+            for start in range(0, len(sources), batch_size):
+                chunk = sources[start : start + batch_size]
+                for source, result in self.results(task, self.loaded(chunk)):
+                    stats.images += 1
+                    stats.seconds += result.timings.total
+                    if result.persons is not None:
+                        stats.persons = (stats.persons or 0) + result.persons
+                    self.save(result, task, source)
+                bar.update(len(chunk))
+
+    def loaded(self, sources: Sequence[Source]) -> list[tuple[Source, LoadedImage]]:
+        """The photos that can be read; the others are reported once and left out of later tasks."""
+        loaded = []
+        for source in sources:
+            try:
+                loaded.append((source, load_image(source.path)))
+            except (ImageInputError, OSError) as error:
+                self.unreadable.add(source.path)
+                self.report.fail(source.label, error)
+        return loaded
+
+    def results(self, task: Task, batch: list[tuple[Source, LoadedImage]]) -> list[tuple[Source, TaskResult]]:
+        """(source, result) pairs of a batch; when the batch fails, each photo is tried alone."""
+        if not batch:
+            return []
+        try:
+            results = self.runtime.run_batch(
+                task.name,
+                [image for _, image in batch],
+                size=task.size_or_default(self.request.size),
+                model=self.request.model,
+                **self.request.task_options(task),
+            )
+            return list(zip([source for source, _ in batch], results, strict=True))
+        except TASK_ERRORS:
+            raise
+        except Exception as error:
+            if len(batch) == 1:
+                self.report.fail(batch[0][0].label, error)
+                return []
+        return [pair for item in batch for pair in self.results(task, [item])]
+
+    def save(self, result: TaskResult, task: Task, source: Source) -> None:
+        try:
+            written, kept = write_image_outputs(result, task, source, self.plan)
+        except Exception as error:
+            self.report.fail(source.label, f"Its outputs could not be written: {reason(error)}")
+            return
+        self.report.written += written
+        self.report.kept += kept
+        self.report.succeeded += 1
+
+    def video(self, task: Task, source: Source) -> None:
+        request = self.request
+        missing = [
+            path for path in self.plan.outputs(task, source) if self.plan.overwrite or not path.exists()
+        ]
+        is_video = [path.suffix[1:] in VIDEO_FORMATS for path in missing]
+        job = VideoJob(
+            task.name,
+            source.path,
+            source.directory,
+            size=task.size_or_default(request.size),
+            model=request.model,
+            options=request.task_options(task),
+            stem=source.stem,
+            max_seconds=None,
+            max_frames=request.max_frames,
+            stride=request.stride,
+            batch_size=request.batch_size,
+            video_format=self.plan.video_format,
+            write_video=any(is_video),
+            write_log=not all(is_video),
+        )
+        try:
+            info = video_info(source.path)
+            total = planned_frames(info, stride=request.stride, max_frames=request.max_frames)
+            with tqdm(total=total, desc=f"{task.name} {source.path.name}", unit="frame", leave=False) as bar:
+
+                def progress(fraction: float, _: str) -> None:
+                    bar.update(round(fraction * (total or 0)) - bar.n)
+
+                result = process_video(self.runtime, job, progress)
+        except TASK_ERRORS:
+            raise
+        except Exception as error:
+            if isinstance(error, VideoError):
+                self.unreadable.add(source.path)
+            self.report.fail(source.label, error)
+            return
+        self.report.written += result.files
+        self.report.kept += len(self.plan.outputs(task, source)) - len(missing)
+        self.report.succeeded += 1
+        persons = "" if result.persons is None else f", {count(result.persons, 'person')}"
+        self.report.videos.append(
+            f"{source.label}, {task.name}: {result.frames} frames in {result.seconds:.1f} s, "
+            f"{result.frames_per_second:.2f} frames/s{persons}"
+        )

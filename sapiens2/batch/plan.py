@@ -1,0 +1,90 @@
+"""What a batch run writes for each input (export kinds, pictures, videos) and how a photo's files land."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sapiens2.batch.inputs import Source
+from sapiens2.batch.video import video_outputs
+from sapiens2.outputs.exports import write_picture
+from sapiens2.outputs.results import TaskResult
+from sapiens2.tasks import Task
+
+EXPORT_KINDS = ("json", "png", "npy", "ply")
+NAME_MAX, PATH_MAX = 255, 4095  # bytes of one part of a path and of a whole path (Linux)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to write: export kinds (json, png, npy, ply), whether to write pictures, the videos' format."""
+
+    exports: frozenset[str]
+    pictures: bool
+    overwrite: bool
+    video_format: str = "webm"
+
+    def export_suffixes(self, task: Task) -> list[str]:
+        return [s for s in task.export_suffixes if s.rsplit(".", 1)[-1] in self.exports]
+
+    def picture_suffixes(self, task: Task) -> dict[str, str]:
+        """Picture title -> file suffix; a picture whose content an export writes is left to that export."""
+        if not self.pictures:
+            return {}
+        exports = set(self.export_suffixes(task))
+        return {picture.title: picture.suffix for picture in task.pictures if picture.same_as not in exports}
+
+    def image_suffixes(self, task: Task) -> list[str]:
+        """What follows a photo's stem in the names of the files it gets from `task`."""
+        return self.export_suffixes(task) + [f"{s}.png" for s in self.picture_suffixes(task).values()]
+
+    def image_outputs(self, task: Task, source: Source) -> list[Path]:
+        return [source.directory / f"{source.stem}{suffix}" for suffix in self.image_suffixes(task)]
+
+    def outputs(self, task: Task, source: Source) -> list[Path]:
+        """Every file the source is to get from `task`."""
+        if not source.is_video:
+            return self.image_outputs(task, source)
+        log_kind = task.frame_log.suffix.rsplit(".", 1)[-1] if task.frame_log else None
+        writes = {"write_video": self.pictures, "write_log": log_kind in self.exports}
+        return video_outputs(task, source.directory, source.stem, video_format=self.video_format, **writes)
+
+    def pending(self, task: Task, source: Source) -> bool:
+        """True when the source has outputs of `task` to write (all of them, with overwrite)."""
+        paths = self.outputs(task, source)
+        return bool(paths) and (self.overwrite or not all(path.exists() for path in paths))
+
+
+def write_image_outputs(result: TaskResult, task: Task, source: Source, plan: Plan) -> tuple[list[Path], int]:
+    """Write the planned exports and pictures of one photo; returns the files written and those kept.
+
+    Exports are written to a hidden folder first, and only the chosen kinds are moved into place.
+    """
+    staging = source.directory / f".sapiens2-{secrets.token_hex(6)}"
+    try:
+        exported = {path.name.removeprefix(source.stem): path for path in result.export(staging, source.stem)}
+        files = {f"{source.stem}{suffix}": exported[suffix] for suffix in plan.export_suffixes(task)}
+        pictures = dict(result.pictures)
+        for title, suffix in plan.picture_suffixes(task).items():
+            for path in write_picture(staging, source.stem, suffix, pictures[title]):
+                files[path.name] = path
+        written, kept = [], 0
+        for name, staged in files.items():
+            target = source.directory / name
+            if target.exists() and not plan.overwrite:
+                kept += 1
+                continue
+            os.replace(staged, target)
+            written.append(target)
+        return written, kept
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def too_long(path: Path) -> bool:
+    """True when the system cannot name `path`: a part above 255 bytes or the whole above 4095."""
+    encoded = [len(os.fsencode(part)) for part in path.parts]
+    return max(encoded, default=0) > NAME_MAX or len(os.fsencode(str(path))) > PATH_MAX

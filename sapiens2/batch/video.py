@@ -1,0 +1,428 @@
+"""Videos: frames decoded on a background thread, run through a task in batches, written back as a video.
+
+Frames are read with OpenCV while the model works on the previous batch (a bounded queue between the two),
+so the accelerator does not wait on decoding. The overlay video keeps the source frame rate divided by the
+stride; a task with a frame log (pose: the official demo's JSON) also writes one record of every frame.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import queue
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from sapiens2.progress import Progress, within
+from sapiens2.runtime.jobs import check_cancelled
+from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks.registry import Task, get_task
+from sapiens2.vision.images import sanitize_filename
+from sapiens2.vision.limits import Limits
+from sapiens2.vision.video_files import VideoError, bare_name, checked_video, open_capture
+
+VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".avi", ".mkv", ".webm"})
+DEFAULT_MAX_SECONDS = 10.0
+# Container -> OpenCV codec. mp4v is fast to write and plays in desktop players; browsers play the VP8
+# WebM without a converter.
+VIDEO_FORMATS = {"mp4": "mp4v", "webm": "VP80"}
+# What OpenCV's FFmpeg prints on stderr when it opens a VP8 WebM writer: the muxer stores no codec tag,
+# which changes nothing in the file.
+_HARMLESS_WRITER_NOTES = (b"is not supported with codec id",)
+_stderr_lock = threading.Lock()
+
+_END = object()
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the container says: frames per second, frame count (None when unknown) and frame size."""
+
+    fps: float
+    frame_count: int | None
+    width: int
+    height: int
+
+    @property
+    def duration(self) -> float | None:
+        """Length in seconds, when the frame count is known."""
+        return None if self.frame_count is None else self.frame_count / self.fps
+
+
+@dataclass(frozen=True)
+class VideoJob:
+    """A task to run on a video and what to write.
+
+    Frames go through the model `batch_size` at a time (None: the runtime's); `stride` keeps every n-th
+    frame; `max_frames` and `max_seconds` (of source time; None for no limit) cut the video short. The
+    video shows the task's first picture of each frame, as a VP8 WebM that browsers play or, with
+    video_format="mp4", an mp4v MP4 (much faster to write; desktop players only); `write_log` also writes
+    the task's frame log, if it has one.
+    """
+
+    task: str
+    path: str | os.PathLike
+    out_dir: str | os.PathLike
+    size: str | None = None
+    model: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    stem: str | None = None
+    max_seconds: float | None = DEFAULT_MAX_SECONDS
+    max_frames: int | None = None
+    stride: int = 1
+    batch_size: int | None = None
+    video_format: str = "webm"
+    write_video: bool = True
+    write_log: bool = True
+    limits: Limits | None = None  # the app's: frames above its frame size are refused (None: any size)
+
+    def __post_init__(self) -> None:
+        for name in ("stride", "max_frames", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.video_format not in VIDEO_FORMATS:
+            raise ValueError(f"video format {self.video_format!r} is not one of {', '.join(VIDEO_FORMATS)}")
+
+    @property
+    def output_stem(self) -> str:
+        """The stem of the files written: `stem`, else the video's own name made safe."""
+        return self.stem or sanitize_filename(Path(self.path).stem, default="video")
+
+
+@dataclass
+class VideoResult:
+    """A processed video: the video and the frame log (None when not written), frames run, the video's
+    frame rate, seconds of wall time, persons detected over all frames (None for tasks that detect none)
+    and notes for the user."""
+
+    video_path: Path | None
+    log_path: Path | None
+    frames: int
+    fps: float
+    seconds: float
+    persons: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def frames_per_second(self) -> float:
+        """Throughput: frames decoded, run through the model and written, per second of wall time."""
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def files(self) -> list[Path]:
+        """The files written."""
+        return [path for path in (self.video_path, self.log_path) if path is not None]
+
+
+def _open(path: str | os.PathLike) -> cv2.VideoCapture:
+    """A capture of `path`, once its own bytes say it is a video we decode (`vision.video_files`)."""
+    with checked_video(path) as name:
+        return open_capture(name, bare_name(path))
+
+
+def _info(capture: cv2.VideoCapture) -> VideoInfo:
+    fps = capture.get(cv2.CAP_PROP_FPS)
+    count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+    return VideoInfo(
+        fps=fps if math.isfinite(fps) and fps > 0 else 25.0,
+        frame_count=count if count > 0 else None,
+        width=int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)),
+        height=int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+    )
+
+
+def video_info(path: str | os.PathLike) -> VideoInfo:
+    """Frame rate, frame count and size of a video file; VideoError when it cannot be opened."""
+    capture = _open(path)
+    try:
+        return _info(capture)
+    finally:
+        capture.release()
+
+
+def source_frame_limit(info: VideoInfo, max_seconds: float | None) -> int | None:
+    """Source frames inside the first `max_seconds` (None: no limit)."""
+    return None if max_seconds is None else math.ceil(max_seconds * info.fps)
+
+
+def planned_frames(
+    info: VideoInfo, *, stride: int = 1, max_frames: int | None = None, max_seconds: float | None = None
+) -> int | None:
+    """How many frames a run will take from the video; None when the container does not say."""
+    limit = source_frame_limit(info, max_seconds)
+    source = info.frame_count if limit is None else min(info.frame_count or limit, limit)
+    if source is None:
+        return max_frames
+    taken = math.ceil(source / stride)
+    return taken if max_frames is None else min(taken, max_frames)
+
+
+class FrameReader:
+    """Decodes every `stride`-th frame (RGB; stride >= 1) on a background thread into a bounded queue.
+
+    Iterating gives (source frame index, RGB uint8) pairs; leaving the `with` block stops the thread.
+    """
+
+    def __init__(
+        self,
+        capture: cv2.VideoCapture,
+        *,
+        stride: int = 1,
+        max_frames: int | None = None,
+        source_limit: int | None = None,
+        queue_size: int = 16,
+        limits: Limits | None = None,
+    ):
+        self._capture = capture
+        self._limits = limits
+        self.cut_short = False  # True when a limit, not the end of the video, stopped the reading
+        self._stride = stride
+        self._max_frames = max_frames
+        self._source_limit = source_limit
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._decode, name="sapiens2-video-decode", daemon=True)
+
+    def __enter__(self) -> FrameReader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _put(self, item: Any) -> bool:
+        """Queue `item`, waiting for room; False once the reader is stopped."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _wanted(self, index: int, taken: int) -> bool | None:
+        """True to decode frame `index`, False to skip it, None when the run has all its frames."""
+        if self._source_limit is not None and index >= self._source_limit:
+            self.cut_short = True
+            return None
+        if self._max_frames is not None and taken >= self._max_frames:
+            self.cut_short = True
+            return None
+        return index % self._stride == 0
+
+    def _decode(self) -> None:
+        index = taken = 0
+        try:
+            while (wanted := self._wanted(index, taken)) is not None:
+                if not wanted:
+                    if not self._capture.grab():
+                        break
+                else:
+                    ok, bgr = self._capture.read()
+                    if not ok:
+                        break
+                    if self._limits is not None:  # the container's header may have lied about the size
+                        self._limits.check_frame(bgr.shape[1], bgr.shape[0])
+                    if not self._put((index, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))):
+                        return
+                    taken += 1
+                index += 1
+        except Exception as error:  # handed to the consumer, which raises it
+            self._put(error)
+        self._put(_END)
+
+
+class VideoFileWriter:
+    """A video (codec chosen by the file's extension, see VIDEO_FORMATS) written under a hidden name and
+    renamed into place when complete; RGB frames in."""
+
+    def __init__(self, path: Path, fps: float):
+        self.path = path
+        self._temporary = path.with_name(f".{path.stem}.{secrets.token_hex(6)}{path.suffix}")
+        self._fps = fps
+        self._writer: cv2.VideoWriter | None = None
+        self._size: tuple[int, int] | None = None
+
+    def __enter__(self) -> VideoFileWriter:
+        return self
+
+    def write(self, rgb: np.ndarray) -> None:
+        """Append one frame; the first frame sets the video's size, later ones are fitted to it."""
+        height, width = rgb.shape[:2]
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._size = (width, height)
+            codec = VIDEO_FORMATS[self.path.suffix[1:]]
+            fourcc = cv2.VideoWriter_fourcc(*codec)
+            with _native_notes_dropped(_HARMLESS_WRITER_NOTES):
+                self._writer = cv2.VideoWriter(os.fspath(self._temporary), fourcc, self._fps, self._size)
+            if not self._writer.isOpened():
+                raise VideoError(f"OpenCV cannot write {codec} video at {self.path}")
+        if (width, height) != self._size:
+            rgb = cv2.resize(rgb, self._size, interpolation=cv2.INTER_AREA)
+        self._writer.write(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if self._writer is not None:
+            self._writer.release()
+        if exc_type is None and self._writer is not None:
+            os.replace(self._temporary, self.path)
+        else:
+            self._temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _native_notes_dropped(harmless: tuple[bytes, ...]) -> Iterator[None]:
+    """Leave out of stderr the lines native code prints there that contain one of `harmless`; every other
+    line written meanwhile, by any thread, is passed on."""
+    with _stderr_lock, tempfile.TemporaryFile() as captured:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(True) if not any(n in line for n in harmless)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
+def video_outputs(
+    task: Task,
+    out_dir: str | os.PathLike,
+    stem: str,
+    *,
+    video_format: str = "webm",
+    write_video: bool = True,
+    write_log: bool = True,
+) -> list[Path]:
+    """The files process_video writes: out_dir/{stem}_{task}.mp4 (or .webm) and the task's frame log."""
+    if video_format not in VIDEO_FORMATS:
+        raise ValueError(f"video format {video_format!r} is not one of {', '.join(VIDEO_FORMATS)}")
+    out_dir = Path(out_dir)
+    paths = [out_dir / f"{stem}_{task.name}.{video_format}"] if write_video else []
+    if task.frame_log is not None and write_log:
+        paths.append(out_dir / f"{stem}{task.frame_log.suffix}")
+    return paths
+
+
+def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = None) -> VideoResult:
+    """Run a video job: the task on the video's frames, writing the video and the task's frame log.
+
+    `progress(fraction, text)` follows each batch.
+    """
+    task = get_task(job.task)
+    options = task.coerce_options(job.options, runtime.device)
+    batch_size = job.batch_size or runtime.batch_size
+    stem = job.output_stem
+    target = video_outputs(task, job.out_dir, stem, video_format=job.video_format)[0]
+    # Load the model before the clock starts, and fail before decoding.
+    runtime.model(job.model or task.repo_id(job.size), progress)
+    log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
+    capture = _open(job.path)
+    try:
+        info = _info(capture)
+        if job.limits is not None:
+            job.limits.check_frame(info.width, info.height)
+        reader = FrameReader(
+            capture,
+            stride=job.stride,
+            max_frames=job.max_frames,
+            source_limit=source_frame_limit(info, job.max_seconds),
+            queue_size=2 * batch_size,
+            limits=job.limits,
+        )
+        sink = VideoFileWriter(target, info.fps / job.stride) if job.write_video else None
+        total = planned_frames(
+            info, stride=job.stride, max_frames=job.max_frames, max_seconds=job.max_seconds
+        )
+        start = time.perf_counter()
+        with reader, sink or contextlib.nullcontext():
+            frames, persons = 0, None
+            if progress is not None:
+                progress(0.0, f"0 of {total or '?'} frames: decoding")
+            for batch in _batches(reader, batch_size):
+                check_cancelled()
+                done = f"{frames} of {total or '?'} frames: "
+                step = within(progress, *_span(frames, len(batch), total), done)
+                images = [rgb for _, rgb in batch]
+                results = runtime.run_batch(
+                    task.name, images, size=job.size, model=job.model, progress=step, **options
+                )
+                for (index, _), result in zip(batch, results, strict=True):
+                    if sink is not None:
+                        sink.write(result.pictures[0][1])
+                    if log is not None:
+                        log.add(f"{index:06d}", result)
+                    if result.persons is not None:
+                        persons = (persons or 0) + result.persons
+                frames += len(batch)
+                if progress is not None:
+                    progress(_span(frames, 0, total)[0], f"{frames} of {total or '?'} frames")
+            if frames == 0:
+                raise VideoError(f"'{bare_name(job.path)}': no frame of this video could be decoded.")
+        seconds = time.perf_counter() - start
+    finally:
+        capture.release()
+    return VideoResult(
+        video_path=sink.path if sink is not None else None,
+        log_path=log.write(Path(job.out_dir), stem) if log is not None else None,
+        frames=frames,
+        fps=info.fps / job.stride,
+        seconds=seconds,
+        persons=persons,
+        notes=_notes(info, job.max_seconds, frames if reader.cut_short else None),
+    )
+
+
+def _span(done: int, batch: int, total: int | None) -> tuple[float, float]:
+    """Where, as fractions of the video, a batch of `batch` frames after the first `done` starts and ends."""
+    if not total:
+        return 0.0, 0.0
+    return min(done / total, 1.0), min((done + batch) / total, 1.0)
+
+
+def _batches(reader: FrameReader, size: int) -> Iterator[list[tuple[int, np.ndarray]]]:
+    batch: list[tuple[int, np.ndarray]] = []
+    for item in reader:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _notes(info: VideoInfo, max_seconds: float | None, cut_at: int | None) -> list[str]:
+    """What was left out: `cut_at` is the frames run when a limit (not the video's end) stopped them."""
+    duration = info.duration
+    if max_seconds is not None and duration is not None and duration > max_seconds:
+        return [f"Only the first {max_seconds:g} s of this {duration:.1f} s video were processed."]
+    if cut_at is not None:
+        return [f"Only the first {cut_at} frames of this video were processed (the limit per video)."]
+    return []

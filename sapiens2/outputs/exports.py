@@ -1,0 +1,348 @@
+"""Writers of predictions to files (JSON, PNG, .npy, binary .ply), each written atomically.
+
+Every writer takes an output directory and a file stem, and returns the paths it wrote. A file appears
+under its final name only once complete: it is written to a hidden temporary name, then renamed.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import cv2
+import numpy as np
+
+from sapiens2.errors import OutOfSpaceError
+from sapiens2.vision.dense import alpha_to_uint8
+from sapiens2.vision.detector import Detections
+from sapiens2.vision.pose_decoding import Person
+
+POSE_FORMAT = "sapiens2-pose"
+POSE_FORMAT_VERSION = 1
+POSE_FRAMES_SUFFIX = "_predictions.json"
+PREVIEW_POINTS = 200_000  # 3 MB of binary PLY: what a browser's 3-D viewer loads without strain
+Writer = Callable[[BinaryIO], None]
+
+
+def _atomic_write(path: Path, write: Writer) -> Path:
+    """Write a file through `write(file)` under a temporary name in the same folder, then rename it."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    # os.open with 0o666 lets the umask set the permissions, as a plain open() would.
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        full = _disk_full(path.parent)  # numpy's writers raise OSError without an errno on a full disk
+        temporary.unlink(missing_ok=True)
+        if full and error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise OutOfSpaceError(errno.ENOSPC, f"no space left on the disk to write {path.name}") from error
+        raise
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _disk_full(folder: Path) -> bool:
+    """True when the file system of `folder` has (almost) no room left for an ordinary user."""
+    try:
+        usage = os.statvfs(folder)
+    except OSError:
+        return False
+    return usage.f_bavail * usage.f_frsize < 1024 * 1024
+
+
+def _target(directory: str | os.PathLike, stem: str, suffix: str) -> Path:
+    """directory/stem+suffix, with a stem that cannot leave the directory; the directory is created."""
+    if not stem or stem in {".", ".."} or any(c in stem for c in "/\\\0") or len(stem) > 200:
+        raise ValueError(f"invalid file stem {stem!r}: use a plain file name without folders")
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{stem}{suffix}"
+
+
+def _bytes(data: bytes | memoryview) -> Writer:
+    return lambda file: file.write(data)
+
+
+def _npy(array: np.ndarray) -> Writer:
+    return lambda file: np.save(file, array, allow_pickle=False)
+
+
+def _json(document: Any) -> Writer:
+    text = json.dumps(document, allow_nan=False, separators=(",", ":"))
+    return _bytes(text.encode("utf-8"))
+
+
+def _png(picture: np.ndarray) -> Writer:
+    """Lossless PNG of a uint8 grey (H, W), RGB or RGBA picture."""
+    if picture.ndim == 3:
+        picture = cv2.cvtColor(picture, cv2.COLOR_RGBA2BGRA if picture.shape[2] == 4 else cv2.COLOR_RGB2BGR)
+    ok, encoded = cv2.imencode(".png", picture)
+    if not ok:
+        raise ValueError(f"cannot encode a {picture.dtype} {picture.shape} array as PNG")
+    return _bytes(memoryview(encoded))
+
+
+def _rounded(values: np.ndarray, digits: int) -> list:
+    return np.round(values, digits).tolist()
+
+
+def pose_document(
+    persons: Sequence[Person],
+    *,
+    image_size: tuple[int, int],
+    keypoint_names: Sequence[str],
+    model_id: str,
+    detections: Detections | None = None,
+) -> dict:
+    """The pose JSON document (docs/pose-json-schema.json) of one image.
+
+    Persons are in image pixels; detections, when the boxes came from the person detector, give its flags.
+    """
+    if detections is not None and len(detections) != len(persons):
+        raise ValueError(f"{len(persons)} persons but {len(detections)} detections")
+    records = []
+    for person in persons:
+        if len(person.keypoints) != len(keypoint_names):
+            raise ValueError(f"{len(person.keypoints)} keypoints but {len(keypoint_names)} keypoint names")
+        xs, ys = _rounded(person.keypoints[:, 0], 2), _rounded(person.keypoints[:, 1], 2)
+        scores = _rounded(person.scores, 4)
+        records.append({
+            "box_xywh": _rounded(person.box, 2),
+            "box_score": None if person.box_score is None else round(float(person.box_score), 4),
+            "keypoints": [
+                {"name": name, "x": x, "y": y, "score": s}
+                for name, x, y, s in zip(keypoint_names, xs, ys, scores, strict=True)
+            ],
+        })
+    height, width = image_size
+    return {
+        "format": POSE_FORMAT,
+        "version": POSE_FORMAT_VERSION,
+        "model": model_id,
+        "image": {"width": int(width), "height": int(height)},
+        "detector": {
+            "fallback": bool(detections is not None and detections.fallback),
+            "capped": bool(detections is not None and detections.capped),
+            "found": None if detections is None else int(detections.found),
+        },
+        "persons": records,
+    }
+
+
+def write_pose_json(
+    directory: str | os.PathLike,
+    stem: str,
+    persons: Sequence[Person],
+    *,
+    image_size: tuple[int, int],
+    keypoint_names: Sequence[str],
+    model_id: str,
+    detections: Detections | None = None,
+) -> list[Path]:
+    """`{stem}_pose.json`: the pose document of one image (see pose_document)."""
+    document = pose_document(
+        persons,
+        image_size=image_size,
+        keypoint_names=keypoint_names,
+        model_id=model_id,
+        detections=detections,
+    )
+    return [_atomic_write(_target(directory, stem, "_pose.json"), _json(document))]
+
+
+def pose_frames_document(
+    frames: Sequence[tuple[str, Sequence[Person]]],
+    *,
+    image_size: tuple[int, int],
+    threshold: float,
+    video: str,
+) -> dict:
+    """The official demo's per-video pose JSON: frames -> instances -> bbox, keypoints, keypoint_scores.
+
+    frames are (frame name, persons) pairs; as in the official demo, bbox is x_min, y_min, x_max, y_max.
+    """
+    records = []
+    keypoint_count = None
+    for name, persons in frames:
+        instances = []
+        for person in persons:
+            keypoint_count = len(person.keypoints)
+            box = person.box
+            instances.append({
+                "bbox": _rounded(np.concatenate([box[:2], box[:2] + box[2:]]), 2),
+                "keypoints": _rounded(person.keypoints, 2),
+                "keypoint_scores": _rounded(person.scores, 4),
+            })
+        records.append({"image_name": name, "instances": instances})
+    return {
+        "video": video,
+        "image_size": [int(image_size[0]), int(image_size[1])],
+        "num_keypoints": keypoint_count,
+        "kpt_thr_used": float(threshold),
+        "frames": records,
+    }
+
+
+def write_pose_frames_json(
+    directory: str | os.PathLike,
+    stem: str,
+    frames: Sequence[tuple[str, Sequence[Person]]],
+    *,
+    image_size: tuple[int, int],
+    threshold: float,
+) -> list[Path]:
+    """`{stem}_predictions.json`: the pose of every frame of a video, in the official demo's layout."""
+    document = pose_frames_document(frames, image_size=image_size, threshold=threshold, video=stem)
+    return [_atomic_write(_target(directory, stem, POSE_FRAMES_SUFFIX), _json(document))]
+
+
+def write_picture(directory: str | os.PathLike, stem: str, suffix: str, picture: np.ndarray) -> list[Path]:
+    """`{stem}{suffix}.png`: a uint8 RGB (H, W, 3) picture, losslessly."""
+    picture = np.asarray(picture)
+    if picture.dtype != np.uint8 or picture.ndim != 3 or picture.shape[2] != 3:
+        raise ValueError(f"a picture must be uint8 (H, W, 3), got {picture.dtype} {picture.shape}")
+    return [_atomic_write(_target(directory, f"{stem}{suffix}", ".png"), _png(picture))]
+
+
+def write_segmentation(directory: str | os.PathLike, stem: str, seg: np.ndarray) -> list[Path]:
+    """`{stem}_segmentation.png` (8-bit class ids, lossless) and `{stem}_segmentation.npy` (uint8 ids)."""
+    seg = np.asarray(seg)
+    if seg.ndim != 2 or not np.issubdtype(seg.dtype, np.integer):
+        raise ValueError(f"segmentation must be (H, W) integer class ids, got {seg.dtype} {seg.shape}")
+    if seg.size and (seg.min() < 0 or seg.max() > 255):
+        raise ValueError("segmentation class ids must fit in 0-255")
+    labels = np.ascontiguousarray(seg, dtype=np.uint8)
+    return [
+        _atomic_write(_target(directory, stem, "_segmentation.png"), _png(labels)),
+        _atomic_write(_target(directory, stem, "_segmentation.npy"), _npy(labels)),
+    ]
+
+
+def _checked(array: np.ndarray, channels: int | None, what: str) -> np.ndarray:
+    array = np.asarray(array)
+    shape_ok = array.ndim == 2 if channels is None else array.ndim == 3 and array.shape[2] == channels
+    if not shape_ok:
+        expected = "(H, W)" if channels is None else f"(H, W, {channels})"
+        raise ValueError(f"{what} must be {expected}, got {array.shape}")
+    return array
+
+
+def write_normals(directory: str | os.PathLike, stem: str, normals: np.ndarray) -> list[Path]:
+    """`{stem}_normals.npy`: unit normals (H, W, 3) as float16."""
+    normals = _checked(normals, 3, "normals").astype(np.float16)
+    return [_atomic_write(_target(directory, stem, "_normals.npy"), _npy(normals))]
+
+
+def write_depth(directory: str | os.PathLike, stem: str, depth: np.ndarray) -> list[Path]:
+    """`{stem}_depth.npy`: depth (H, W) as float32."""
+    depth = _checked(depth, None, "depth").astype(np.float32)
+    return [_atomic_write(_target(directory, stem, "_depth.npy"), _npy(depth))]
+
+
+def _ply(points: np.ndarray, colors: np.ndarray) -> Writer:
+    """Binary little-endian PLY of points (N, 3) coloured (N, 3) uint8: x y z float, red green blue uchar."""
+    header = "\n".join([
+        "ply",
+        "format binary_little_endian 1.0",
+        f"element vertex {len(points)}",
+        *(f"property float {axis}" for axis in "xyz"),
+        *(f"property uchar {channel}" for channel in ("red", "green", "blue")),
+        "end_header",
+        "",
+    ]).encode("ascii")
+    # Each vertex is 15 packed bytes: three little-endian float32 then three uint8.
+    vertices = np.empty((len(points), 15), dtype=np.uint8)
+    vertices[:, :12] = np.ascontiguousarray(points, dtype="<f4").view(np.uint8).reshape(-1, 12)
+    vertices[:, 12:] = colors
+
+    def write(file: BinaryIO) -> None:
+        file.write(header)
+        file.write(memoryview(vertices))
+
+    return write
+
+
+def _foreground_points(
+    points: np.ndarray, image: np.ndarray, foreground: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The finite foreground points (N, 3) of a pointmap (H, W, 3) and their colours (N, 3) uint8."""
+    points = _checked(points, 3, "points")
+    image = _checked(image, 3, "image")
+    foreground = _checked(foreground, None, "foreground")
+    if not points.shape[:2] == image.shape[:2] == foreground.shape or image.dtype != np.uint8:
+        raise ValueError("points, a uint8 image and the foreground mask must share their (H, W)")
+    keep = (foreground.astype(bool) & np.isfinite(points).all(axis=2)).ravel()
+    # np.compress on flat rows is several times faster than boolean indexing of an (H, W, 3) array.
+    return np.compress(keep, points.reshape(-1, 3), axis=0), np.compress(keep, image.reshape(-1, 3), axis=0)
+
+
+def write_point_cloud(
+    directory: str | os.PathLike, stem: str, points: np.ndarray, image: np.ndarray, foreground: np.ndarray
+) -> list[Path]:
+    """`{stem}_points.ply`: the foreground pixels' 3-D points (H, W, 3) coloured by the photo (H, W, 3) uint8.
+
+    Points are in the model's camera space; pixels with non-finite coordinates are left out.
+    """
+    xyz, rgb = _foreground_points(points, image, foreground)
+    return [_atomic_write(_target(directory, stem, "_points.ply"), _ply(xyz, rgb))]
+
+
+def write_point_cloud_preview(
+    directory: str | os.PathLike,
+    stem: str,
+    points: np.ndarray,
+    image: np.ndarray,
+    foreground: np.ndarray,
+    budget: int = PREVIEW_POINTS,
+) -> Path:
+    """`{stem}_points_preview.ply`: at most `budget` of the cloud's points, evenly spread over the photo, for
+    a 3-D viewer: centred on their median and turned from camera space (y down, z away) to a viewer's
+    (y up, z towards the eye), so the person stands upright and faces the viewer."""
+    xyz, rgb = _foreground_points(points, image, foreground)
+    if len(xyz) > budget:
+        chosen = np.linspace(0, len(xyz) - 1, budget).round().astype(np.int64)
+        xyz, rgb = xyz[chosen], rgb[chosen]
+    if len(xyz):
+        xyz = (xyz - np.median(xyz, axis=0)) * np.array([1.0, -1.0, -1.0], dtype=xyz.dtype)
+    return _atomic_write(_target(directory, stem, "_points_preview.ply"), _ply(xyz, rgb))
+
+
+def write_matting(
+    directory: str | os.PathLike, stem: str, image: np.ndarray, alpha: np.ndarray
+) -> list[Path]:
+    """`{stem}_alpha.png` (8-bit grey matte) and `{stem}_cutout.png` (RGBA: the image with the matte)."""
+    image = _checked(image, 3, "image")
+    alpha = _checked(alpha, None, "alpha")
+    if image.shape[:2] != alpha.shape or image.dtype != np.uint8:
+        raise ValueError("image must be uint8 and share its (H, W) with alpha")
+    alpha = alpha_to_uint8(alpha)
+    return [
+        _atomic_write(_target(directory, stem, "_alpha.png"), _png(alpha)),
+        _atomic_write(_target(directory, stem, "_cutout.png"), _png(np.dstack([image, alpha]))),
+    ]
+
+
+def write_features(
+    directory: str | os.PathLike, stem: str, cls_embedding: np.ndarray, patch_features: np.ndarray
+) -> list[Path]:
+    """`{stem}_cls.npy` (C,) and `{stem}_patches.npy` (C, h, w), both float32."""
+    cls_embedding = np.asarray(cls_embedding, dtype=np.float32).reshape(-1)
+    patch_features = np.asarray(patch_features, dtype=np.float32)
+    if patch_features.ndim != 3 or patch_features.shape[0] != cls_embedding.shape[0]:
+        expected = f"(C, h, w) with C = {len(cls_embedding)}"
+        raise ValueError(f"patch features must be {expected}, got {patch_features.shape}")
+    return [
+        _atomic_write(_target(directory, stem, "_cls.npy"), _npy(cls_embedding)),
+        _atomic_write(_target(directory, stem, "_patches.npy"), _npy(patch_features)),
+    ]

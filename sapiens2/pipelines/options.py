@@ -1,0 +1,148 @@
+"""Declarative task options: one description drives the app's controls, the command line and defaults."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+
+from sapiens2.errors import RequestError
+
+OptionKind = Literal["slider", "checkbox", "color", "image"]
+
+
+@dataclass(frozen=True)
+class ByDevice:
+    """A default that depends on where the models run: `gpu` on a GPU (CUDA or MPS), `cpu` on the CPU."""
+
+    gpu: Any
+    cpu: Any
+
+    def pick(self, device: torch.device | str) -> Any:
+        """The value for `device`."""
+        return self.cpu if torch.device(device).type == "cpu" else self.gpu
+
+
+@dataclass(frozen=True)
+class Option:
+    """A user-settable parameter of a task, with its default and, for sliders, its range."""
+
+    name: str
+    label: str
+    kind: OptionKind
+    default: Any
+    minimum: float | None = None
+    maximum: float | None = None
+    step: float | None = None
+    help: str = ""
+
+    def on_device(self, device: torch.device | str) -> Option:
+        """This option with its default settled for models running on `device` (see ByDevice)."""
+        if isinstance(self.default, ByDevice):
+            return replace(self, default=self.default.pick(device))
+        return self
+
+    @property
+    def default_text(self) -> str:
+        """The default as the command line's help states it: "on", "0.3", "on with a GPU, off on the CPU"."""
+        if isinstance(self.default, ByDevice):
+            on_gpu, on_cpu = (
+                replace(self, default=v).default_text for v in (self.default.gpu, self.default.cpu)
+            )
+            return f"{on_gpu} with a GPU, {on_cpu} on the CPU"
+        if self.kind == "checkbox":
+            return "on" if self.default else "off"
+        return f"{self.default:g}" if self.kind == "slider" else str(self.default)
+
+    def coerce(self, value: Any) -> Any:
+        """`value` checked by type and range and converted to this option's type; None means the default
+        (which must be settled by `on_device` first when it is a ByDevice).
+
+        The one place where option values from the page, the API, the command line or Python are checked:
+        anything else (a list, NaN, a huge number, a string that is not a number) is a RequestError naming
+        the option and its allowed values, never a Python error.
+        """
+        if value is None:
+            if isinstance(self.default, ByDevice):
+                raise TypeError(
+                    f"option {self.name!r}: its default depends on the device; call on_device first"
+                )
+            if self.default is None:
+                return None
+            value = self.default
+        if self.kind == "slider":
+            return self._number(value)
+        if self.kind == "checkbox":
+            return self._flag(value)
+        if self.kind == "color":
+            return parse_color(value, self.name)
+        return value
+
+    def _number(self, value: Any) -> float:
+        allowed = f"a number between {self.minimum:g} and {self.maximum:g}"
+        number = _finite_number(value)
+        if number is None:
+            raise RequestError(f"Option '{self.name}' must be {allowed}, not {shown(value)}.")
+        if not (self.minimum <= number <= self.maximum):
+            raise RequestError(f"Option '{self.name}' must be {allowed}, not {number:g}.")
+        return number
+
+    def _flag(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (int, float)) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _FLAG_WORDS:
+            return _FLAG_WORDS[value.strip().lower()]
+        raise RequestError(f"Option '{self.name}' must be true or false, not {shown(value)}.")
+
+
+_FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+               "off": False}  # fmt: skip
+_SHOWN_CHARS = 40
+
+
+def shown(value: Any) -> str:
+    """A short, printable rendering of a value sent by a user, for messages."""
+    text = repr(value) if isinstance(value, (str, int, float, bool)) else f"a {type(value).__name__}"
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def _finite_number(value: Any) -> float | None:
+    """`value` as a finite float (a number, or a string holding one), else None; bools are not numbers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    if isinstance(value, str) and len(value) > _SHOWN_CHARS:
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+_COLOUR_HELP = "use '#rrggbb' or 'rgb(r, g, b)' with r, g and b from 0 to 255"
+
+
+def parse_color(value: Any, name: str = "background_color") -> tuple[int, int, int]:
+    """An RGB triple from '#rrggbb', '#rgb', 'rgb(r, g, b)', 'rgba(r, g, b, a)' or three numbers 0-255."""
+    channels: list[Any] | None = None
+    if isinstance(value, (tuple, list)) and len(value) in (3, 4):
+        channels = list(value[:3])
+    elif isinstance(value, str) and len(value) <= 64:
+        text = value.strip().lower()
+        if re.fullmatch(r"#[0-9a-f]{6}|#[0-9a-f]{3}", text):
+            digits = text[1:] if len(text) == 7 else "".join(c * 2 for c in text[1:])
+            return tuple(int(digits[i : i + 2], 16) for i in (0, 2, 4))
+        match = re.fullmatch(r"rgba?\((.*)\)", text)
+        if match:
+            parts = [part.strip() for part in match.group(1).split(",")]
+            channels = parts[:3] if len(parts) in (3, 4) else None
+    numbers = [_finite_number(channel) for channel in channels or []]
+    if len(numbers) != 3 or any(n is None or not 0 <= n <= 255 for n in numbers):
+        raise RequestError(f"Option '{name}' must be a colour: {_COLOUR_HELP}, not {shown(value)}.")
+    return tuple(int(round(n)) for n in numbers)

@@ -1,0 +1,50 @@
+"""The flags that set up a Runtime (device, precision, local checkpoints, person detector), shared by the app
+and the command line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from sapiens2.models.device import DTYPES
+from sapiens2.models.hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
+from sapiens2.runtime.runtime import COMPILE_ENV, Runtime
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--device, --dtype, --compile, --checkpoint-dir and --detector."""
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: $SAPIENS2_DEVICE, else cuda if any)")
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        help="precision (default: $SAPIENS2_DTYPE, else bf16 on CUDA and on CPUs with native bf16 "
+        "(AVX-512 BF16 or AMX), else fp32)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help=f"run the models through torch.compile (default: ${COMPILE_ENV}=1); the first run of each "
+        "input shape then takes tens of seconds to minutes longer while it compiles",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"local checkpoints: DIR/<repo id>/config.json + model.safetensors (sets {CHECKPOINT_DIR_ENV})",
+    )
+    parser.add_argument(
+        "--detector",
+        metavar="WEIGHTS",
+        help="person detector for pose: an ultralytics model name or a local .pt file (default: yolo11m.pt)",
+    )
+
+
+def runtime_from_arguments(args: argparse.Namespace, **settings: Any) -> Runtime:
+    """The Runtime the parsed flags ask for; ConfigError when a flag's value cannot be used."""
+    if args.checkpoint_dir is not None:
+        use_checkpoint_dir(args.checkpoint_dir)
+    return Runtime(
+        device=args.device, dtype=args.dtype, detector=args.detector, compile=args.compile, **settings
+    )

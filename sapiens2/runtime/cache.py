@@ -1,0 +1,151 @@
+"""Least-recently-used cache of loaded models under a memory budget."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from sapiens2.errors import ConfigError
+
+GIB = 1024**3
+# Room for a 5b model in bf16 (about 10 GiB) plus the body-part model on a 24 GB GPU, with headroom
+# for activations at 1024x768.
+DEFAULT_CUDA_BUDGET_GIB = 16.0
+DEFAULT_CPU_BUDGET_GIB = 12.0
+
+Loader = Callable[..., nn.Module]
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes held by a model's parameters and buffers."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def budget_from_env(device: torch.device) -> int:
+    """The cache budget in bytes: SAPIENS2_CACHE_GB, else a default for the device type."""
+    raw = os.environ.get("SAPIENS2_CACHE_GB")
+    if raw is None:
+        default = DEFAULT_CUDA_BUDGET_GIB if device.type == "cuda" else DEFAULT_CPU_BUDGET_GIB
+        return int(default * GIB)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"SAPIENS2_CACHE_GB must be a number of gigabytes, got {raw!r}.") from None
+    if value <= 0:
+        raise ConfigError(f"SAPIENS2_CACHE_GB must be positive, got {raw!r}.")
+    return int(value * GIB)
+
+
+@dataclass
+class CacheStats:
+    loads: int = 0
+    hits: int = 0
+    evictions: list[str] = field(default_factory=list)
+
+
+class ModelCache:
+    """Loads each model once and keeps the most recently used ones within `budget_bytes`.
+
+    A model that fails to load is never cached, so the next request retries cleanly. The model being
+    returned is never evicted by its own insertion, even when it alone exceeds the budget.
+    """
+
+    def __init__(
+        self,
+        loader: Loader,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        budget_bytes: int,
+        estimate: Callable[[str], int | None] | None = None,
+    ):
+        self._loader = loader
+        self._estimate = estimate
+        self.device = device
+        self.dtype = dtype
+        self.budget_bytes = budget_bytes
+        self._models: OrderedDict[str, tuple[nn.Module, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}
+        self.stats = CacheStats()
+
+    def __contains__(self, repo_id: str) -> bool:
+        with self._lock:
+            return repo_id in self._models
+
+    def cached_ids(self) -> list[str]:
+        """Repo ids currently held, least recently used first."""
+        with self._lock:
+            return list(self._models)
+
+    def get(self, repo_id: str, progress: Callable[[float, str], None] | None = None) -> nn.Module:
+        """The model for `repo_id`, loading it on first use; concurrent first uses load it once."""
+        with self._lock:
+            if repo_id in self._models:
+                self._models.move_to_end(repo_id)
+                self.stats.hits += 1
+                return self._models[repo_id][0]
+            key_lock = self._key_locks.setdefault(repo_id, threading.Lock())
+        with key_lock:
+            with self._lock:
+                if repo_id in self._models:
+                    self._models.move_to_end(repo_id)
+                    self.stats.hits += 1
+                    return self._models[repo_id][0]
+            self._make_room(repo_id)
+            model = self._loader(repo_id, device=self.device, dtype=self.dtype, progress=progress)
+            size = model_bytes(model)
+            with self._lock:
+                self._models[repo_id] = (model, size)
+                self.stats.loads += 1
+                self._evict_over_budget(keep=repo_id)
+            return model
+
+    def evict(self, repo_id: str) -> None:
+        """Drop one model, if held."""
+        with self._lock:
+            if self._models.pop(repo_id, None) is not None:
+                self.stats.evictions.append(repo_id)
+        self._release_memory()
+
+    def clear(self) -> None:
+        with self._lock:
+            self.stats.evictions.extend(self._models)
+            self._models.clear()
+        self._release_memory()
+
+    def _make_room(self, repo_id: str) -> None:
+        """Evict before loading when the new model's size is known, so two big models never coexist."""
+        expected = self._estimate(repo_id) if self._estimate else None
+        if not expected:
+            return
+        with self._lock:
+            total = sum(size for _, size in self._models.values())
+            for key in list(self._models):
+                if total + expected <= self.budget_bytes:
+                    break
+                total -= self._models.pop(key)[1]
+                self.stats.evictions.append(key)
+        self._release_memory()
+
+    def _evict_over_budget(self, keep: str) -> None:
+        total = sum(size for _, size in self._models.values())
+        for key in list(self._models):
+            if total <= self.budget_bytes:
+                break
+            if key == keep:
+                continue
+            total -= self._models.pop(key)[1]
+            self.stats.evictions.append(key)
+        self._release_memory()
+
+    def _release_memory(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,238 @@
+"""The runtime: one device, one model cache and one person detector, running registered tasks on photos."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from sapiens2.errors import ConfigError
+from sapiens2.models import hub
+from sapiens2.models.config import Sapiens2Config
+from sapiens2.models.device import choose_dtype, dtype_name, resolve_device
+from sapiens2.models.kinds import ModelKind
+from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.context import PipelineContext
+from sapiens2.pipelines.options import Option
+from sapiens2.progress import Progress, within
+from sapiens2.runtime.cache import ModelCache, budget_from_env
+from sapiens2.runtime.jobs import check_cancelled
+from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
+from sapiens2.vision.detector import Detections, PersonDetector, YoloPersonDetector
+from sapiens2.vision.images import LoadedImage, load_image
+from sapiens2.vision.processing import ProcessorSettings
+
+DEFAULT_BATCH_SIZE = 8
+COMPILE_ENV = "SAPIENS2_COMPILE"
+
+
+def compile_from_env() -> bool:
+    """Whether SAPIENS2_COMPILE asks for torch.compile (1, true, yes or on)."""
+    return os.environ.get(COMPILE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def load_compiled(repo_id: str, **kwargs: Any) -> nn.Module:
+    """`hub.from_pretrained`, then torch.compile on the model in place (names and attributes unchanged).
+    Compiling happens on the first forward of each input shape: tens of seconds to minutes, once."""
+    model = hub.from_pretrained(repo_id, **kwargs)
+    model.compile()
+    return model
+
+
+class Runtime:
+    """Runs tasks by name on photos; models are loaded once and shared by every task and caller."""
+
+    def __init__(
+        self,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        detector: str | os.PathLike | PersonDetector | None = None,
+        cache: ModelCache | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        compile: bool | None = None,
+    ):
+        """`compile` (default: SAPIENS2_COMPILE) runs every model through torch.compile."""
+        self.device = resolve_device(device)
+        self.dtype, self.dtype_reason = choose_dtype(dtype, self.device)
+        self.compiled = compile_from_env() if compile is None else compile
+        if batch_size < 1:
+            raise ConfigError(f"batch size must be at least 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.cache = cache or ModelCache(
+            load_compiled if self.compiled else hub.from_pretrained,
+            device=self.device,
+            dtype=self.dtype,
+            budget_bytes=budget_from_env(self.device),
+            estimate=lambda repo_id: model_bytes_estimate(repo_id, self.dtype),
+        )
+        # A detector object is used as given; a model name or .pt path (or None) is loaded on first use.
+        by_name = detector is None or isinstance(detector, (str, os.PathLike))
+        self._detector_source = detector if by_name else None
+        self._detector: PersonDetector | None = None if by_name else detector
+        self._detector_lock = threading.Lock()
+        self._settings: dict[str, ProcessorSettings] = {}
+        self._configs: dict[str, Sapiens2Config] = {}
+
+    @property
+    def device_label(self) -> str:
+        return self.device.type if self.device.index is None else str(self.device)
+
+    @property
+    def dtype_label(self) -> str:
+        return dtype_name(self.dtype)
+
+    # ---- what tasks call -------------------------------------------------------------------------------
+
+    def model(self, repo_id: str, progress: Progress | None = None) -> nn.Module:
+        """The cached model of `repo_id`, loading (and downloading) it on first use."""
+        return self.cache.get(repo_id, progress=progress)
+
+    def config(self, repo_id: str) -> Sapiens2Config:
+        """The model's config: the loaded model's, else its config read alone (the weights are not loaded)."""
+        if repo_id in self.cache:
+            return self.model(repo_id).config
+        if repo_id not in self._configs:
+            self._configs[repo_id] = hub.load_model_config(repo_id)
+        return self._configs[repo_id]
+
+    def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
+        """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults at
+        the image size of the model's config (4096x3072 for the 4K backbone, else 1024x768); refused when the
+        model cannot take inputs of that size."""
+        if repo_id not in self._settings:
+            config = self.config(repo_id)
+            directory = hub.processor_config_dir(repo_id)
+            if directory is None:
+                settings = ProcessorSettings.for_kind(kind, config.image_size)
+            else:
+                settings = ProcessorSettings.from_pretrained_dir(directory, kind, config.image_size)
+            if not config.accepts_input_size(settings.size):
+                built, asked = _size_text(config.image_size), _size_text(settings.size)
+                raise ConfigError(
+                    f"{hub.display_name(repo_id)} was built for {built} inputs (image_size in its "
+                    f"config.json) and cannot run at the {asked} that its preprocessor_config.json asks for. "
+                    "Make the two sizes agree."
+                )
+            self._settings[repo_id] = settings
+        return self._settings[repo_id]
+
+    def detect(self, image: LoadedImage) -> Detections:
+        """Person boxes in the photo's model-side pixels."""
+        with self._detector_lock:
+            if self._detector is None:
+                self._detector = YoloPersonDetector(self._detector_source, device=str(self.device))
+            detector = self._detector
+        return detector.detect(image.model_rgb)
+
+    def forward(self, model: nn.Module, pixel_values: torch.Tensor, **kwargs: Any) -> Any:
+        """The model's output dataclass for a batch of inputs, run in chunks of `batch_size`; its tensor
+        fields are float32 and hold the whole batch."""
+        chunks = []
+        with torch.inference_mode():
+            for start in range(0, len(pixel_values), self.batch_size):
+                check_cancelled()  # a cancelled request stops here, between batches
+                batch = pixel_values[start : start + self.batch_size].to(self.device, self.dtype)
+                chunks.append(model(batch, **kwargs))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return _concatenated(chunks)
+
+    # ---- what the app and the command line call ------------------------------------------------------
+
+    def options(self, task: str) -> tuple[Option, ...]:
+        """The options of `task` with their defaults for this runtime's device."""
+        return get_task(task).options_on(self.device)
+
+    def run(
+        self,
+        task: str,
+        image: Any,
+        *,
+        size: str | None = None,
+        model: str | None = None,
+        progress: Progress | None = None,
+        **options: Any,
+    ) -> TaskResult:
+        """Run `task` on one photo (a LoadedImage or anything `load_image` reads)."""
+        return self.run_batch(task, [image], size=size, model=model, progress=progress, **options)[0]
+
+    def run_batch(
+        self,
+        task: str,
+        images: Sequence[Any],
+        *,
+        size: str | None = None,
+        model: str | None = None,
+        progress: Progress | None = None,
+        **options: Any,
+    ) -> list[TaskResult]:
+        """Run `task` on several photos, batching them through the model.
+
+        `model` (a repo id, checkpoint folder or file) replaces the registry's checkpoint for `size`.
+        """
+        entry = get_task(task)
+        loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
+        context = PipelineContext(
+            self, entry, model or entry.repo_id(size), entry.coerce_options(options, self.device), progress
+        )
+        results = entry.run(context, loaded)
+        for image, result in zip(loaded, results, strict=True):
+            result.notes = list(image.notes) + context.notes + result.notes
+            result.device, result.dtype = self.device_label, self.dtype_label
+        return results
+
+    def run_all(
+        self, image: Any, *, size: str | None = None, progress: Progress | None = None
+    ) -> list[TaskResult]:
+        """Every picture task on one photo, sharing the cached models (the body-part model among them)."""
+        loaded = image if isinstance(image, LoadedImage) else load_image(image)
+        results = []
+        for index, name in enumerate(ALL_TASKS):
+            check_cancelled()
+            task = TASKS[name]
+            count = len(ALL_TASKS)
+            step = within(progress, index / count, (index + 1) / count, f"{task.title}: ")
+            results.append(self.run(name, loaded, size=task.size_or_default(size), progress=step))
+        return results
+
+    def download_note(self, task: str, size: str | None = None) -> str | None:
+        """A sentence saying what the first use of this model will download, or None when it is local."""
+        entry: Task = get_task(task)
+        repo_ids = entry.repo_ids_needed(size)
+        lines = []
+        for repo_id in repo_ids:
+            if repo_id in self.cache:
+                continue
+            remaining = hub.checkpoint_download_size(repo_id)
+            if remaining == 0:
+                continue
+            amount = (
+                f"{remaining / 1e9:.1f} GB" if remaining else f"about {entry.approx_download_gb(repo_id)}"
+            )
+            lines.append(f"{repo_id} ({amount})")
+        if not lines:
+            return None
+        return "First use downloads " + " and ".join(lines) + "; later runs reuse it."
+
+
+def _size_text(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
+def _concatenated(chunks: Sequence[Any]) -> Any:
+    """One output dataclass from the outputs of consecutive chunks: tensor fields joined and made float32."""
+    first = chunks[0]
+    joined = {}
+    for field in dataclasses.fields(first):
+        values = [getattr(chunk, field.name) for chunk in chunks]
+        if isinstance(values[0], torch.Tensor):
+            joined[field.name] = torch.cat([value.float() for value in values])
+        else:
+            joined[field.name] = values[0]
+    return type(first)(**joined)

@@ -1,0 +1,72 @@
+"""The Gradio components the tabs are made of, each chosen from what the registry declares."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import gradio as gr
+
+from sapiens2.pipelines.options import Option
+from sapiens2.tasks import TASKS
+
+FIRST_TASK = next(iter(TASKS))
+
+
+def task_choice() -> gr.Radio:
+    return gr.Radio([(task.title, task.name) for task in TASKS.values()], value=FIRST_TASK, label="Task")
+
+
+def photo_input(elem_id: str) -> gr.Image:
+    return gr.Image(
+        label="Photo",
+        type="filepath",
+        sources=["upload", "clipboard", "webcam"],
+        image_mode=None,
+        height=360,
+        elem_id=elem_id,
+    )
+
+
+def control(option: Option) -> gr.components.Component:
+    """The input component of one task option, chosen by its kind."""
+    info = option.help or None
+    if option.kind == "slider":
+        return gr.Slider(
+            option.minimum,
+            option.maximum,
+            value=option.default,
+            step=option.step,
+            label=option.label,
+            info=info,
+        )
+    if option.kind == "checkbox":
+        return gr.Checkbox(value=option.default, label=option.label, info=info)
+    if option.kind == "color":
+        return gr.ColorPicker(value=option.default, label=option.label, info=info)
+    return gr.Image(label=option.label, type="filepath", sources=["upload", "clipboard"], height=160)
+
+
+def picture_outputs(titles: Sequence[str], elem_id: str) -> list[gr.Image]:
+    """The first picture large (with `elem_id`), the others side by side under it."""
+    main = shown_picture(titles[0], 520, elem_id)
+    if len(titles) == 1:
+        return [main]
+    with gr.Row():
+        rest = [shown_picture(title, 300) for title in titles[1:]]
+    return [main, *rest]
+
+
+def shown_picture(title: str, height: int, elem_id: str | None = None) -> gr.Image:
+    return gr.Image(label=title, type="filepath", height=height, interactive=False, elem_id=elem_id)
+
+
+def text_outputs() -> tuple[gr.Markdown, gr.Markdown]:
+    """The summary and the timing line: plain text, one line per line."""
+    summary = gr.Markdown(line_breaks=True)
+    timing = gr.Markdown(line_breaks=True, elem_classes="studio-timing")
+    return summary, timing
+
+
+def downloads(elem_id: str) -> gr.File:
+    """The list of files to download, as tall as it needs to be to show every file."""
+    return gr.File(label="Downloads", file_count="multiple", interactive=False, height=None, elem_id=elem_id)

@@ -1,0 +1,247 @@
+"""The functions that answer the app's events: one per task tab, All tasks, Video and the live webcam.
+
+Each takes what its tab sends, runs the work through the runtime as a cancellable job holding the device
+for the model work only, then writes the pictures and files off the device.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from sapiens2.batch.video import VideoJob, VideoResult, process_video
+from sapiens2.outputs.exports import write_picture
+from sapiens2.outputs.pictures import fit_for_display
+from sapiens2.outputs.results import TaskResult
+from sapiens2.runtime import Runtime
+from sapiens2.serving.components import FIRST_TASK
+from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.serving.requests import (
+    check_output,
+    holding_device,
+    option_value,
+    reporter,
+    stage,
+    upload,
+    user_errors,
+)
+from sapiens2.serving.scratch import ScratchSpace
+from sapiens2.tasks import TASKS, Task, get_task
+from sapiens2.vision.limits import Limits
+
+try:  # On a Hugging Face ZeroGPU Space, this lends the function a GPU for the length of each call.
+    import spaces
+
+    gpu = spaces.GPU(duration=120)
+except ImportError:
+
+    def gpu(function: Callable) -> Callable:
+        return function
+
+
+log = logging.getLogger("sapiens2.app")
+
+VIDEO_BATCH = 4  # frames per model call for /video: bounds the frames and results held at once
+SHOWN_MAX_SIDE = 4096  # pictures on the page at most this long (a 48 MP PNG takes seconds to encode)
+LIVE_WINDOW = 10  # frames the live frame rate is measured over
+# Marks the parameter Gradio fills with each request's own progress tracker.
+PROGRESS = gr.Progress()
+
+
+@gpu
+def _predict(
+    runtime: Runtime,
+    task: str,
+    image: Any,
+    size: str | None,
+    options: dict,
+    progress,
+    model: str | None = None,
+) -> TaskResult:
+    return runtime.run(task, image, size=size, model=model, progress=progress, **options)
+
+
+@gpu
+def _overview(runtime: Runtime, image: Any, size: str | None, progress) -> list[TaskResult]:
+    return runtime.run_all(image, size=size, progress=progress)
+
+
+@gpu
+def _process_video(runtime: Runtime, job: VideoJob, progress) -> VideoResult:
+    return process_video(runtime, job, progress)
+
+
+def task_handler(
+    task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, local: dict[str, str]
+) -> Callable:
+    """The endpoint of one task: (image, size, *options) -> (*pictures, summary, timing, files[, cloud]);
+    `size` may name one of the `local` fine-tuned models.
+
+    Its signature names every parameter after the task's options, each with its default, so API clients
+    can call `predict(handle_file(photo), api_name="/<task>")` and set any option by name.
+    """
+    task_options = runtime.options(task.name)
+    names = [option.name for option in task_options]
+
+    def handler(image: Any, size: str | None, *values: Any) -> list:
+        *values, progress = values
+        path, stem = upload(image)
+        options = {name: option_value(value) for name, value in zip(names, values, strict=True)}
+        report = reporter(progress)
+        with user_errors():
+            model = local.get(size) if isinstance(size, str) else None
+            size = None if model else size
+            with holding_device(slot, report):
+                result = _predict(runtime, task.name, path, size, options, report, model)
+            stage(report, "writing files")
+            folder = scratch.new_folder()
+            files = result.export(folder, stem)
+            view = result.viewer(folder, stem) if task.viewer_title and result.viewer else None
+            outputs = picture_files(folder, stem, task, result)
+            check_output(scratch, folder)
+        outputs += [summary(result), result.timing_line(), [str(path) for path in files]]
+        if task.viewer_title:
+            outputs.append(None if view is None else str(view))
+        return outputs
+
+    parameter = inspect.Parameter
+    handler.__signature__ = inspect.Signature(
+        [
+            parameter("image", parameter.POSITIONAL_OR_KEYWORD),
+            parameter("size", parameter.POSITIONAL_OR_KEYWORD, default=task.default_size),
+            *(parameter(o.name, parameter.POSITIONAL_OR_KEYWORD, default=o.default) for o in task_options),
+            parameter("progress", parameter.POSITIONAL_OR_KEYWORD, default=PROGRESS),
+        ]
+    )
+    handler.__name__ = task.name
+    return handler
+
+
+def overview_handler(
+    runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, default_size: str
+) -> Callable:
+    """The endpoint /all: (image, size) -> (the first picture of each task, summary, timing, files)."""
+
+    def run_all(image: Any, size: str = default_size, progress: gr.Progress = PROGRESS) -> list:
+        path, stem = upload(image)
+        report = reporter(progress)
+        with user_errors():
+            with holding_device(slot, report):
+                results = _overview(runtime, path, size, report)
+            stage(report, "writing files")
+            folder = scratch.new_folder()
+            files_out = [p for r in results for p in r.export(folder / r.task, stem)]
+            shown = [picture_files(folder / r.task, stem, TASKS[r.task], r)[0] for r in results]
+            check_output(scratch, folder)
+        lines = [f"{TASKS[r.task].title}: {summary(r) or 'done.'}" for r in results]
+        timings = [f"{TASKS[r.task].title}: {r.timing_line()}" for r in results]
+        return [*shown, "\n\n".join(lines), "\n".join(timings), [str(p) for p in files_out]]
+
+    return run_all
+
+
+def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, default_size: str) -> Callable:
+    """The endpoint /video: (video, task, size) -> (the processed clip, summary, files)."""
+
+    def run_video(
+        video: Any, task: str = FIRST_TASK, size: str = default_size, progress: gr.Progress = PROGRESS
+    ):
+        path, _ = upload(video)
+        if not path:
+            raise gr.Error("Please upload a video clip first.", print_exception=False)
+        with user_errors():
+            limits = Limits.from_env()
+            folder = scratch.new_folder()
+            job = VideoJob(
+                get_task(task).name,
+                path,
+                folder,
+                size=get_task(task).size_or_default(size),
+                # Frames are counted, not seconds (a container may claim any frame rate), and their size is
+                # limited; a few frames per model call bound what is held at once.
+                max_seconds=None,
+                max_frames=limits.video_frames,
+                batch_size=VIDEO_BATCH,
+                # WebM (VP8): browsers play it as written, and OpenCV here cannot write H.264.
+                video_format="webm",
+                limits=limits,
+            )
+            report = reporter(progress)
+            with holding_device(slot, report):
+                result = _process_video(runtime, job, report)
+            check_output(scratch, folder)
+        line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second."
+        summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
+        return str(result.video_path), summary_text, [str(p) for p in result.files]
+
+    return run_video
+
+
+def live_handler(runtime: Runtime, slot: DeviceSlot) -> Callable:
+    """The live webcam's frame event: (frame, task, recent frame times) -> (picture, rate line, times)."""
+
+    def on_frame(frame: Any, task: str, times: list[float]) -> tuple[Any, str, list[float]]:
+        if frame is None:
+            return gr.skip(), gr.skip(), times
+        with slot.frame() as granted:
+            if not granted:  # the device is busy: this frame is dropped, the next one may run
+                return gr.skip(), gr.skip(), times
+            with user_errors():
+                entry = get_task(task)
+                result = _predict(runtime, entry.name, frame, next(iter(entry.repos)), {}, None)
+        times = (times + [time.perf_counter()])[-LIVE_WINDOW:]
+        fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+        line = f"**{fps:.1f} frames per second** · {entry.title} {result.model_id} · {result.timing_line()}"
+        return result.pictures[0][1], line, times
+
+    return on_frame
+
+
+def picture_files(folder: Path, stem: str, task: Task, result: TaskResult) -> list[str]:
+    """The result's pictures as PNG files named after the photo and the picture (photo_pose.png, ...),
+    shrunk to SHOWN_MAX_SIDE for the page; the downloads keep the photo's full size."""
+    pictures = dict(result.pictures)
+    shown = folder / "shown"
+    return [
+        str(
+            write_picture(
+                shown, stem, picture.suffix, fit_for_display(pictures[picture.title], SHOWN_MAX_SIDE)
+            )[0]
+        )
+        for picture in task.pictures
+    ]
+
+
+def summary(result: TaskResult) -> str:
+    return "\n".join([result.summary, *(f"- {note}" for note in result.notes)]).strip()
+
+
+def note_handler(runtime: Runtime, task: str, local: dict[str, str]) -> Callable[[str], str]:
+    """The model-size note's event: what the chosen size will download, or that it is a local model."""
+    return lambda size: "A local fine-tuned model." if size in local else download_note(runtime, task, size)
+
+
+def download_note(runtime: Runtime, task: str, size: str | None) -> str:
+    try:
+        return runtime.download_note(task, size) or ""
+    except Exception:  # the note is a courtesy; the run itself reports any real problem
+        log.debug("no download note for %s %s", task, size, exc_info=True)
+        return ""
+
+
+def device_note(runtime: Runtime) -> str:
+    """The device and precision the models run in, and why that precision."""
+    line = f"Running on **{runtime.device_label}** in **{runtime.dtype_label}**: {runtime.dtype_reason}."
+    if runtime.device.type == "cpu":
+        if runtime.dtype_label == "bf16":
+            line += " Outputs differ slightly from fp32 (start with `--dtype fp32` for full precision)."
+        line += " On a CPU a 0.4b model takes seconds to tens of seconds per photo, larger ones minutes."
+    if runtime.compiled:
+        line += " Models are compiled (`--compile`): the first run of each input size waits for compilation."
+    return line

@@ -1,0 +1,265 @@
+"""The task registry: each task is declared once; the app, the command line and the tests all read it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sapiens2.errors import RequestError
+from sapiens2.models.kinds import MATTING, NORMAL, POINTMAP, POSE, PRETRAIN, SEG, ModelKind
+from sapiens2.pipelines.options import Option, shown
+
+if TYPE_CHECKING:
+    from sapiens2.outputs.results import FrameLog, TaskResult
+    from sapiens2.pipelines.context import PipelineContext
+    from sapiens2.pipelines.steps import Pipeline
+    from sapiens2.vision.images import LoadedImage
+
+
+@dataclass(frozen=True)
+class Picture:
+    """A picture a task draws: its title, the file it is saved as (the photo's stem, `suffix`, ".png"), and
+    the export that already holds what it shows, if one does (then only that export is written)."""
+
+    title: str
+    suffix: str
+    same_as: str | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: the kind of checkpoint it runs, its options, what it draws and what it exports."""
+
+    name: str
+    title: str
+    description: str
+    kind: ModelKind
+    default_size: str
+    options: tuple[Option, ...]
+    pictures: tuple[Picture, ...]
+    # The files its exports write, after the photo's stem: "_pose.json", "_points.ply", ...
+    export_suffixes: tuple[str, ...]
+    pipeline: Pipeline
+    in_overview: bool = True
+    # Another model some options use: the body-part model masking normals and depth.
+    helper: ModelKind | None = None
+    helper_option: str | None = None
+    # For videos: a record of every frame written beside the video (pose: the official demo's JSON).
+    frame_log: type[FrameLog] | None = None
+    # The title of a 3-D view of each result (TaskResult.viewer writes its file), if the task has one.
+    viewer_title: str | None = None
+    # For tables of results (one row per photo): the prediction as named numbers and arrays.
+    columns: Callable[[TaskResult], Mapping[str, Any]] | None = None
+
+    @property
+    def repos(self) -> dict[str, str]:
+        """Official checkpoint repo id per model size, smallest first."""
+        return {size: self.kind.repo_id(size) for size in self.kind.sizes}
+
+    @property
+    def picture_titles(self) -> tuple[str, ...]:
+        return tuple(picture.title for picture in self.pictures)
+
+    @property
+    def export_kinds(self) -> tuple[str, ...]:
+        """File types of the exports: "json", "png", "npy", "ply"."""
+        return tuple(dict.fromkeys(suffix.rsplit(".", 1)[-1] for suffix in self.export_suffixes))
+
+    def repo_id(self, size: str | None) -> str:
+        """The checkpoint for `size` (default: the task's default size); unknown sizes are refused."""
+        size = size or self.default_size
+        if not isinstance(size, str) or not size.isprintable() or len(size) > 16:
+            raise RequestError(f"Option 'size' must be one of {', '.join(self.repos)}, not {shown(size)}.")
+        if size not in self.repos:
+            raise RequestError(f"{self.title} has no {size} model; choose one of {', '.join(self.repos)}.")
+        return self.repos[size]
+
+    def size_or_default(self, size: Any) -> str:
+        """`size` when this task has a model of that size, else the task's default size."""
+        if size is not None and not isinstance(size, str):
+            raise RequestError(f"Option 'size' must be a model size such as 0.4b or 1b, not {shown(size)}.")
+        return size if size in self.repos else self.default_size
+
+    def options_on(self, device: torch.device | str) -> tuple[Option, ...]:
+        """The task's options with the defaults that depend on the device settled for `device`."""
+        return tuple(option.on_device(device) for option in self.options)
+
+    def coerce_options(self, values: Mapping[str, Any], device: torch.device | str = "cpu") -> dict[str, Any]:
+        """Every option of the task, from `values` where given, else its default for models running on
+        `device` (the CPU unless given); unknown names refused."""
+        known = {option.name: option for option in self.options_on(device)}
+        unknown = sorted(map(str, set(values) - set(known)))
+        if unknown:
+            names = ", ".join(shown(name) for name in unknown)
+            raise RequestError(f"{self.title} has no option {names}; it takes {', '.join(known)}.")
+        return {name: option.coerce(values.get(name)) for name, option in known.items()}
+
+    def run(self, context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
+        """One result per photo, in order."""
+        return self.pipeline.run(context, images)
+
+    def helper_repo_id(self, repo_id: str) -> str | None:
+        """The helper model paired with `repo_id` (same size, else the helper's smallest, as for a checkpoint
+        given by path), if the task uses one."""
+        if self.helper is None:
+            return None
+        size = next((s for s, r in self.repos.items() if r == repo_id), None)
+        return self.helper.repo_id(size if size in self.helper.sizes else self.helper.sizes[0])
+
+    def repo_ids_needed(self, size: str | None) -> list[str]:
+        """Checkpoints a run at `size` with default options may load."""
+        repo_id = self.repo_id(size)
+        helper = self.helper_repo_id(repo_id)
+        return [repo_id] + ([helper] if helper else [])
+
+    def approx_download_gb(self, repo_id: str) -> str:
+        """A rough download size for messages when the Hub cannot be asked."""
+        official = official_checkpoint(repo_id)
+        if official is None:
+            return "an unknown amount"
+        return f"{parameter_count(*official) * 4 / 1e9:.1f} GB"
+
+
+@functools.cache
+def parameter_count(kind: ModelKind, size: str) -> int:
+    """Parameters of an official checkpoint, counted on a meta-device build of its preset."""
+    from sapiens2.models.config import Sapiens2Config
+    from sapiens2.models.modeling import build_model
+    from sapiens2.models.presets import preset_config
+
+    with torch.device("meta"):
+        model = build_model(Sapiens2Config.from_dict(preset_config(size, kind.name)))
+    return sum(p.numel() for p in model.parameters())
+
+
+def official_checkpoint(repo_id: str) -> tuple[ModelKind, str] | None:
+    """(kind, size) of an official repo id that a task or its helper runs; None for any other checkpoint."""
+    kinds = {kind for task in TASKS.values() for kind in (task.kind, task.helper) if kind is not None}
+    return next(((k, s) for k in kinds for s in k.sizes if k.repo_id(s) == repo_id), None)
+
+
+def model_bytes_estimate(repo_id: str, dtype: torch.dtype) -> int | None:
+    """Memory an official checkpoint takes at `dtype`; None for checkpoints that are not official repos."""
+    official = official_checkpoint(repo_id)
+    return None if official is None else parameter_count(*official) * dtype.itemsize
+
+
+def all_sizes(tasks: Iterable[Task]) -> list[str]:
+    """Every model size of `tasks`, smallest first."""
+    sizes = {size for task in tasks for size in task.repos}
+    return sorted(sizes, key=lambda size: (float(size.split("b")[0]), size))
+
+
+def _build_registry() -> dict[str, Task]:
+    from sapiens2.pipelines import depth, features, matting, normals, pose, segment
+
+    background = Option("remove_background", "Remove background (body-part model)", "checkbox", True)
+    tasks = [
+        Task(
+            "pose",
+            "Pose",
+            "308 keypoints per person: body, face and hands, on top of a person detector.",
+            POSE,
+            "0.4b",
+            pose.OPTIONS,
+            (Picture("Keypoints", "_pose"),),
+            ("_pose.json",),
+            pose.PIPELINE,
+            frame_log=pose.FramePoses,
+            columns=pose.columns,
+        ),
+        Task(
+            "segment",
+            "Body parts",
+            "29 body-part classes for every pixel.",
+            SEG,
+            "0.4b",
+            segment.OPTIONS,
+            (Picture("Body parts", "_segmentation_overlay"), Picture("Legend", "_segmentation_legend")),
+            ("_segmentation.png", "_segmentation.npy"),
+            segment.PIPELINE,
+            columns=segment.columns,
+        ),
+        Task(
+            "normals",
+            "Normals",
+            "Surface normals of the people in the photo.",
+            NORMAL,
+            "0.4b",
+            (background,),
+            (Picture("Normals", "_normals"),),
+            ("_normals.npy",),
+            normals.PIPELINE,
+            helper=SEG,
+            helper_option="remove_background",
+        ),
+        Task(
+            "depth",
+            "Depth",
+            "Per-pixel 3D points (pointmap), shown as depth and as a point cloud.",
+            POINTMAP,
+            "0.4b",
+            (background, *depth.OPTIONS),
+            (Picture("Depth", "_depth"),),
+            ("_depth.npy", "_points.ply"),
+            depth.PIPELINE,
+            helper=SEG,
+            helper_option="remove_background",
+            viewer_title="Point cloud (a preview; the full cloud is in Downloads)",
+        ),
+        Task(
+            "matting",
+            "Matting",
+            "Alpha matte and foreground colours: cut people out of the photo.",
+            MATTING,
+            "1b",
+            matting.OPTIONS,
+            (
+                Picture("Alpha", "_alpha", same_as="_alpha.png"),
+                Picture("Cut-out", "_cutout_on_checkerboard", same_as="_cutout.png"),
+                Picture("Composite", "_composite", same_as="_composite.png"),
+            ),
+            ("_alpha.png", "_cutout.png", "_composite.png"),
+            matting.PIPELINE,
+        ),
+        Task(
+            "features",
+            "Features",
+            "Pretrained backbone: patch features (PCA colours) and the CLS embedding. 1b-4k is the 4K "
+            "backbone at its native 4096x3072: about 4.5 GiB of GPU memory in bf16; on the CPU 8.5 GiB of "
+            "RAM and minutes per photo.",
+            PRETRAIN,
+            "0.1b",
+            (),
+            (Picture("Features (PCA)", "_features_pca"),),
+            ("_cls.npy", "_patches.npy"),
+            features.PIPELINE,
+            in_overview=False,
+            columns=features.columns,
+        ),
+    ]
+    return {task.name: task for task in tasks}
+
+
+TASKS: dict[str, Task] = _build_registry()
+ALL_TASKS: tuple[str, ...] = tuple(name for name, task in TASKS.items() if task.in_overview)
+
+
+def options_by_name() -> dict[str, tuple[Option, list[str]]]:
+    """Every task option by name, with the tasks that take it (an option shared by tasks appears once)."""
+    options: dict[str, tuple[Option, list[str]]] = {}
+    for task in TASKS.values():
+        for option in task.options:
+            options.setdefault(option.name, (option, []))[1].append(task.name)
+    return options
+
+
+def get_task(name: str) -> Task:
+    """The registered task called `name`."""
+    if isinstance(name, str) and name in TASKS:
+        return TASKS[name]
+    raise RequestError(f"Option 'task' must be one of {', '.join(TASKS)}, not {shown(name)}.")

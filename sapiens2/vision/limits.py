@@ -1,0 +1,121 @@
+"""What one request may cost: pixels, shape, video frames and output bytes, each with its sentence.
+
+Every limit is read from its environment variable when it is checked (so an operator, or a test, can change
+it without a restart) and refused with one sentence that says the limit and how to get under it; the same
+sentence whichever way the input came in (any endpoint of the app, the command line, Python). Limits are
+checked from headers before any pixel is decoded, and again on what was decoded, since headers can lie.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from sapiens2.errors import ConfigError, LimitError
+
+MEGAPIXELS_ENV = "SAPIENS2_MAX_MEGAPIXELS"
+ASPECT_ENV = "SAPIENS2_MAX_ASPECT"
+FRAME_MEGAPIXELS_ENV = "SAPIENS2_MAX_FRAME_MEGAPIXELS"
+VIDEO_FRAMES_ENV = "SAPIENS2_MAX_VIDEO_FRAMES"
+OUTPUT_MB_ENV = "SAPIENS2_MAX_OUTPUT_MB"
+
+# 24 MP takes every phone and most camera photos as they are (12 MP phones, 6000x4000 cameras); a 12 MP
+# photo runs in every tab. A 10:1 strip is wider than any panorama a phone takes in one sweep at 24 MP.
+DEFAULT_MEGAPIXELS = 24.0
+DEFAULT_ASPECT = 10.0
+DEFAULT_FRAME_MEGAPIXELS = 8.3  # 3840x2160 (4K UHD) is 8.29 megapixels
+DEFAULT_VIDEO_FRAMES = 300  # 10 s at 30 frames per second
+DEFAULT_OUTPUT_MB = 1024.0
+
+
+def _number(name: str, default: float, *, whole: bool = False) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        kind = "a whole number" if whole else "a number"
+        raise ConfigError(f"{name} must be {kind} above 0, not {raw!r}.")
+    return value
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits in force: megapixels and aspect ratio of an image, megapixels of a video frame, frames of a
+    video per request (app only; None: no limit) and megabytes of files written per request."""
+
+    megapixels: float = DEFAULT_MEGAPIXELS
+    aspect: float = DEFAULT_ASPECT
+    frame_megapixels: float = DEFAULT_FRAME_MEGAPIXELS
+    video_frames: int = DEFAULT_VIDEO_FRAMES
+    output_mb: float = DEFAULT_OUTPUT_MB
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        """The limits from SAPIENS2_MAX_MEGAPIXELS, _ASPECT, _FRAME_MEGAPIXELS, _VIDEO_FRAMES, _OUTPUT_MB."""
+        return cls(
+            megapixels=_number(MEGAPIXELS_ENV, DEFAULT_MEGAPIXELS),
+            aspect=max(1.0, _number(ASPECT_ENV, DEFAULT_ASPECT)),
+            frame_megapixels=_number(FRAME_MEGAPIXELS_ENV, DEFAULT_FRAME_MEGAPIXELS),
+            video_frames=int(_number(VIDEO_FRAMES_ENV, DEFAULT_VIDEO_FRAMES, whole=True)),
+            output_mb=_number(OUTPUT_MB_ENV, DEFAULT_OUTPUT_MB),
+        )
+
+    def check_image(self, width: int, height: int) -> None:
+        """Refuse an image above the megapixel limit or with a strip's shape, from its header."""
+        _check_shape(width, height, self.aspect, "image's")
+        if width * height > self.megapixels * 1e6:
+            raise LimitError(
+                f"The image is too large: {width}x{height} pixels ({width * height / 1e6:.1f} megapixels) is "
+                f"above this server's limit of {self.megapixels:g} megapixels. Please resize it to at most "
+                f"{_example(self.megapixels)} pixels and try again."
+            )
+
+    def check_frame(self, width: int, height: int) -> None:
+        """Refuse a video whose frames are above the frame limit or have a strip's shape."""
+        _check_shape(width, height, self.aspect, "video frames'")
+        if width * height > self.frame_megapixels * 1e6:
+            raise LimitError(
+                f"The video's frames are too large: {width}x{height} pixels ({width * height / 1e6:.1f} "
+                f"megapixels) is above this server's limit of {self.frame_megapixels:g} megapixels per "
+                f"frame. Please resize the video to at most {_example(self.frame_megapixels)} and try again."
+            )
+
+    def check_output(self, written_bytes: int) -> None:
+        """Refuse a request whose files take more than the output limit."""
+        if written_bytes > self.output_mb * 1e6:
+            raise LimitError(
+                f"The results are too large: they would take {written_bytes / 1e6:.0f} MB of files, above "
+                f"this server's limit of {self.output_mb:g} MB per request. Please send a smaller image "
+                "and try again."
+            )
+
+
+def too_large_unknown(megapixels: float) -> LimitError:
+    """The sentence for an image whose size cannot be read but is known to be too large (a bomb)."""
+    return LimitError(
+        f"The image is too large: it unpacks to more than this server's limit of {megapixels:g} megapixels "
+        "(or holds metadata that does). Please re-save it at a normal size without its metadata and try "
+        "again."
+    )
+
+
+def _check_shape(width: int, height: int, aspect: float, what: str) -> None:
+    long, short = max(width, height), min(width, height)
+    if short <= 0 or long / short > aspect:
+        ratio = f"{long / short:.0f} to 1" if short > 0 else "no height"
+        raise LimitError(
+            f"The {what} shape is too narrow: {width}x{height} pixels is a strip ({ratio}), above this "
+            f"server's limit of {aspect:g} to 1 between the long and the short side. Please crop it "
+            "closer to a photo's shape and try again."
+        )
+
+
+def _example(megapixels: float) -> str:
+    """A 3:2 size (width x height) of about `megapixels`, as an example of what fits."""
+    height = int(math.sqrt(megapixels * 1e6 / 1.5))
+    return f"{int(height * 1.5)}x{height}"
