@@ -492,6 +492,14 @@ def test_hugging_face_cache_is_used_offline(empty_hf_home, pose_dir):
     assert sapiens2.checkpoint_download_size(REPO) == 0
 
 
+@pytest.fixture(autouse=True)
+def no_remembered_sizes():
+    """Each test's stand-in for the Hub answers for itself, not a size an earlier test's stand-in gave."""
+    hub.forget_remote_sizes()
+    yield
+    hub.forget_remote_sizes()
+
+
 @pytest.fixture
 def reachable_hub(monkeypatch):
     """The Hub taken as reachable without asking it: the test's stand-ins answer for it."""
@@ -527,6 +535,30 @@ def test_hub_failures_become_one_clear_error(
     with pytest.raises(expected, match=message) as error:
         sapiens2.from_pretrained(REPO, device="cpu", revision="v9")
     assert REPO in str(error.value)
+
+
+def test_download_size_asks_the_hub_once_per_repo_and_revision(empty_hf_home, monkeypatch, reachable_hub):
+    # The app's size note calls this on every change of a size menu, from anyone, outside the queue.
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    asked = []
+
+    class FakeApi:
+        def model_info(self, repo_id, *, revision, files_metadata):
+            asked.append((repo_id, revision))
+            if revision == "broken":
+                raise httpx.ConnectError("refused")
+            names = {hub.CONFIG_NAME: 1_000, hub.WEIGHTS_NAME: 9_000}
+            return SimpleNamespace(siblings=[SimpleNamespace(rfilename=n, size=s) for n, s in names.items()])
+
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    assert {sapiens2.checkpoint_download_size(REPO) for _ in range(200)} == {10_000}
+    assert sapiens2.checkpoint_download_size(REPO, revision="v2") == 10_000
+    assert {sapiens2.checkpoint_download_size(REPO, revision="broken") for _ in range(50)} == {None}
+    assert asked == [(REPO, None), (REPO, "v2"), (REPO, "broken")]
+    hub.forget_remote_sizes()
+    sapiens2.checkpoint_download_size(REPO)
+    assert len(asked) == 4
 
 
 def test_download_size_counts_only_what_is_not_cached(empty_hf_home, pose_dir, monkeypatch, reachable_hub):

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from huggingface_hub import HfApi, hf_hub_download, try_to_load_from_cache
+from huggingface_hub import HfApi, constants, hf_hub_download, try_to_load_from_cache
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -35,6 +37,10 @@ from sapiens2.models.weights import listed, read_state_dict
 from sapiens2.progress import Progress
 
 CHECKPOINT_DIR_ENV = "SAPIENS2_CHECKPOINT_DIR"
+# Sizes of files on the Hub change only with a new upload; a note that is off for ten minutes is harmless.
+SIZES_REMEMBERED_SECONDS = 600.0
+_sizes_lock = threading.Lock()
+_remote_sizes: dict[tuple[str, str, str | None], tuple[dict[str, int] | None, float]] = {}
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -161,11 +167,9 @@ def checkpoint_download_size(repo_id: str, revision: str | None = None) -> int |
         return 0
     if hub_access.local_only():
         return None
-    try:
-        info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
-    except (HfHubHTTPError, httpx.HTTPError, OSError, ValueError):
+    sizes = _hub_file_sizes(repo_id, revision)
+    if sizes is None:
         return None
-    sizes = {sibling.rfilename: sibling.size or 0 for sibling in info.siblings or []}
     original = presets.original_file_name(repo_id)
     if CONFIG_NAME not in sizes and original in sizes:
         wanted = [original]
@@ -174,6 +178,31 @@ def checkpoint_download_size(repo_id: str, revision: str | None = None) -> int |
     else:
         wanted = [CONFIG_NAME, INDEX_NAME, *(name for name in sizes if _SHARD.fullmatch(name))]
     return sum(sizes.get(name, 0) for name in wanted if not _cached_file(repo_id, name, revision))
+
+
+def _hub_file_sizes(repo_id: str, revision: str | None) -> dict[str, int] | None:
+    """The repo's file sizes on the Hub, None when it cannot say. The app's model-size note asks on every
+    change of a size menu, by anyone: one answer per repo and revision is kept for a while (a failure for
+    less), and concurrent callers wait for the one request."""
+    key = (constants.ENDPOINT, repo_id, revision)
+    with _sizes_lock:
+        known = _remote_sizes.get(key)
+        if known is not None and time.monotonic() < known[1]:
+            return known[0]
+        try:
+            info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+            sizes = {sibling.rfilename: sibling.size or 0 for sibling in info.siblings or []}
+            keep = SIZES_REMEMBERED_SECONDS
+        except (HfHubHTTPError, httpx.HTTPError, OSError, ValueError):
+            sizes, keep = None, hub_access.REMEMBER_SECONDS
+        _remote_sizes[key] = (sizes, time.monotonic() + keep)
+        return sizes
+
+
+def forget_remote_sizes() -> None:
+    """Ask the Hub for file sizes again on the next call."""
+    with _sizes_lock:
+        _remote_sizes.clear()
 
 
 def use_checkpoint_dir(directory: str | os.PathLike[str]) -> Path:
