@@ -9,6 +9,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from tiny_datasets import CLASS_NAMES, write_pointmaps, write_pose, write_segmentation
 
 from sapiens2.data.metadata import body_parts
@@ -231,3 +232,40 @@ def test_canonical_pointmap_scale_is_the_canonical_focal_over_fx():
         np.ones((2, 2), np.float32), np.diag([384.0, 384.0, 1.0]), np.ones((2, 2), bool)
     )
     assert scale == losses.CANONICAL_FOCAL_LENGTH / 384.0 == 2.0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(bbox=[5000, 5000, 30, 40]), r"annotations\[1\]\.bbox .* mostly outside"),
+        (lambda a: a["keypoints"].__setitem__(slice(3, 5), [58.0, -3.0]), None),  # just past the border
+        (
+            lambda a: a["keypoints"].__setitem__(slice(3, 5), [900.0, -700.0]),
+            r"annotations\[1\]\.keypoints: 1 labelled keypoint\(s\) lie outside its photo \(56x64 pixels\), "
+            r"the first left_hand at \[900\.0, -700\.0\]",
+        ),
+    ],
+)
+def test_people_outside_their_photo_are_refused_by_name(tmp_path, change, message):
+    write_pose(tmp_path, count=2)
+    data = json.loads((tmp_path / "annotations.json").read_text())
+    change(data["annotations"][1])
+    (tmp_path / "annotations.json").write_text(json.dumps(data))
+    if message is None:  # annotators place a hidden hand a little past the border: kept
+        assert len(datasets.read_pose(tmp_path)[0]) == 2
+        return
+    with pytest.raises(DatasetError, match=message):
+        datasets.read_pose(tmp_path)
+
+
+def test_training_photos_above_the_pixel_limit_are_refused_before_decoding(tmp_path, monkeypatch):
+    write_pose(tmp_path, count=2)
+    huge = tmp_path / "images" / "person_1.png"
+    Image.new("L", (20000, 20000)).save(huge)  # a few hundred KB of zeros that decode to 400 megapixels
+    with pytest.raises(DatasetError, match=r"person_1\.png: The image is too large: it unpacks to more"):
+        datasets.read_pose(tmp_path)
+    Image.new("L", (6000, 5000)).save(huge)
+    with pytest.raises(DatasetError, match=r"person_1\.png: The image is too large: 6000x5000 pixels"):
+        datasets.load_rgb(huge)
+    monkeypatch.setenv("SAPIENS2_MAX_MEGAPIXELS", "40")
+    assert datasets.photo_size(huge) == (5000, 6000)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,16 +31,22 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+from PIL import Image
 
 from sapiens2.data import metadata
 from sapiens2.data.metadata import keypoints308
-from sapiens2.errors import DatasetError
+from sapiens2.errors import DatasetError, LimitError
 from sapiens2.models.losses import fit_intrinsics
+from sapiens2.vision.limits import Limits, too_large_unknown
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 IGNORE_LABEL = 255
 ANNOTATIONS = "annotations.json"
 CLASSES = "classes.json"
+# A person's box must lie at least half in its photo, and a labelled keypoint within a tenth of the photo's
+# long side of it (annotators place hidden feet or hands a little past the border, never far).
+OUTSIDE_SHARE = 0.5
+OUTSIDE_MARGIN = 0.1
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ def read_pose(directory: Path) -> tuple[list[PoseRecord], KeypointSet]:
     count = _keypoint_count(path, data["annotations"], categories[0])
     keypoint_set = _keypoint_set(path, categories[0], count)
     records = []
+    sizes: dict[Path, tuple[int, int] | None] = {}
     for index, annotation in enumerate(data["annotations"]):
         where = f"{path}: annotations[{index}]"
         if not isinstance(annotation, dict):
@@ -120,6 +128,10 @@ def read_pose(directory: Path) -> tuple[list[PoseRecord], KeypointSet]:
         if box[2] <= 1 or box[3] <= 1 or not visible.any():
             continue
         image = _find_image(directory, files[annotation["image_id"]], where + ".image_id")
+        if image not in sizes:
+            sizes[image] = photo_size(image)
+        if sizes[image] is not None:
+            _check_inside(where, box, points[:, :2], keypoint_set.names, visible, sizes[image])
         records.append(PoseRecord(image, tuple(box), points[:, :2].copy(), visible))
     if not records:
         raise DatasetError(f"{path}: no annotation with a box and at least one labelled keypoint")
@@ -207,8 +219,29 @@ def mirrored_pairs(names: Sequence[str]) -> tuple[tuple[int, int], ...]:
 # ---- one record's pixels and labels ---------------------------------------------------------------------
 
 
+def photo_size(path: Path) -> tuple[int, int] | None:
+    """A photo's (height, width) from its header, refused above the pixel limit (SAPIENS2_MAX_MEGAPIXELS)
+    before any pixel is decoded: a 20000x20000 PNG would take 1.2 GB as RGB, 3 GB as OpenCV reads it.
+    None when Pillow does not know the format (OpenCV, which reads it, has its own pixel cap)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                width, height = image.size
+    except Image.DecompressionBombError:
+        raise DatasetError(f"{path}: {too_large_unknown(Limits.from_env().megapixels)}") from None
+    except (OSError, ValueError, SyntaxError):
+        return None
+    try:
+        Limits.from_env().check_image(width, height)
+    except LimitError as error:
+        raise DatasetError(f"{path}: {error}") from None
+    return height, width
+
+
 def load_rgb(path: Path) -> np.ndarray:
     """A photo as (H, W, 3) uint8 RGB (EXIF orientation applied)."""
+    photo_size(path)
     pixels = cv2.imread(str(path), cv2.IMREAD_COLOR)
     if pixels is None:
         raise DatasetError(f"{path}: cannot be read as an image")
@@ -353,6 +386,47 @@ def _pair(path: Path, field: str, value, limit: int) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
+def _check_inside(
+    where: str,
+    box: Sequence[float],
+    points: np.ndarray,
+    names: Sequence[str],
+    visible: np.ndarray,
+    size: tuple[int, int],
+) -> None:
+    """Refuse a box mostly outside its photo, or a labelled keypoint well outside it: such a person trains
+    on padding with a loss of zero, which hides a wrong file (normalised or another photo's coordinates)."""
+    height, width = size
+    x, y, w, h = box
+    inside_w = max(0.0, min(x + w, width) - max(x, 0.0))
+    inside_h = max(0.0, min(y + h, height) - max(y, 0.0))
+    hint = (
+        " Coordinates are pixels of the photo: normalised (0..1) coordinates, or another photo's, "
+        "need converting first."
+    )
+    if inside_w * inside_h < OUTSIDE_SHARE * w * h:
+        raise DatasetError(
+            f"{where}.bbox {[round(v, 1) for v in box]} lies mostly outside its photo ({width}x{height} "
+            f"pixels).{hint}"
+        )
+    margin = OUTSIDE_MARGIN * max(width, height)
+    labelled = points[visible > 0]
+    outside = (
+        (labelled[:, 0] < -margin)
+        | (labelled[:, 1] < -margin)
+        | (labelled[:, 0] > width + margin)
+        | (labelled[:, 1] > height + margin)
+    )
+    if outside.any():
+        first = int(np.flatnonzero(outside)[0])
+        name = np.asarray(names)[visible > 0][first]
+        point = [round(float(v), 1) for v in labelled[first]]
+        raise DatasetError(
+            f"{where}.keypoints: {int(outside.sum())} labelled keypoint(s) lie outside its photo ({width}x"
+            f"{height} pixels), the first {name} at {point}.{hint}"
+        )
+
+
 def _find_image(directory: Path, name: str, where: str) -> Path:
     for folder in (directory / "images", directory):
         candidate = folder / name
@@ -415,6 +489,7 @@ def _paired(
 
 
 def _grey(path: Path, size: tuple[int, int]) -> np.ndarray:
+    photo_size(path)
     values = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if values is None:
         raise DatasetError(f"{path}: cannot be read as an image")
