@@ -22,6 +22,7 @@ from sapiens2.runtime import Runtime
 from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_arguments
 from sapiens2.runtime.messages import describe_error
 from sapiens2.serving import components, handlers
+from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.device_slot import DeviceSlot
 from sapiens2.serving.requests import cancellable
 from sapiens2.serving.scratch import ScratchSpace
@@ -106,13 +107,14 @@ def launch(
     """Start the server with the app's queue limits, theme and upload cap."""
     demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
     quota = Middleware(UploadQuota, window=CACHE_SWEEP + CACHE_LIFE)
+    guards = [Middleware(BodyLimit), quota]
     return demo.launch(
         server_name=host,
         server_port=port,
         share=share,
         prevent_thread_lock=prevent_thread_lock,
         max_file_size=MAX_UPLOAD,
-        app_kwargs={"middleware": [quota]},
+        app_kwargs={"middleware": guards},
         theme=THEME,
         css=CSS,
     )

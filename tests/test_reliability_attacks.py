@@ -593,3 +593,29 @@ def test_a_full_disk_gets_a_sentence_and_leaves_nothing_partial(server, client, 
     leftovers = [path for path in full_disk.rglob("*") if path.is_file()]
     assert leftovers == [], leftovers
     still_serving(client)
+
+
+# ---- 8. raw routes into the app --------------------------------------------------------------------------
+
+
+def join_body(size: int) -> bytes:
+    """A queue join whose one string argument makes the JSON body `size` bytes long."""
+    head, tail = b'{"data": ["', b'"], "fn_index": 0, "session_hash": "big"}'
+    return head + b"a" * (size - len(head) - len(tail)) + tail
+
+
+def test_request_bodies_other_than_uploads_are_bounded(server):
+    body = join_body(3_000_000)
+    join = f"{server.url}gradio_api/queue/join"
+    headers = {"content-type": "application/json"}
+    with PeakMemory() as memory:
+        declared = httpx.post(join, content=body, headers=headers, timeout=30)
+        chunks = (body[start : start + 65536] for start in range(0, len(body), 65536))
+        streamed = httpx.post(join, content=chunks, headers=headers, timeout=30)
+    report("3 MB JSON bodies to /queue/join, with and without Content-Length", memory)
+    for answer in (declared, streamed):
+        assert answer.status_code == 413
+        detail = answer.json()["detail"]
+        check_sentence(detail)
+        assert "larger than this server's limit of 2 MB for a request" in detail
+    assert httpx.post(join, content=join_body(1000), headers=headers, timeout=30).status_code == 200
