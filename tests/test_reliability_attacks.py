@@ -619,3 +619,59 @@ def test_request_bodies_other_than_uploads_are_bounded(server):
         check_sentence(detail)
         assert "larger than this server's limit of 2 MB for a request" in detail
     assert httpx.post(join, content=join_body(1000), headers=headers, timeout=30).status_code == 200
+
+
+class Listener:
+    """A local HTTP server on 127.0.0.1 that records every request it gets."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        requests = self.requests = []
+
+        class Record(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                requests.append(self.path)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(png_bytes(64, 64))
+
+            do_HEAD = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Record)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/photo.png"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def trusted_listener(monkeypatch) -> Iterator[Listener]:
+    """A Listener whose host Gradio trusts as it trusts the Hub's own (no check of its address)."""
+    from gradio import processing_utils
+
+    listener = Listener()
+    trusted = [*processing_utils.PUBLIC_HOSTNAME_WHITELIST, "127.0.0.1"]
+    monkeypatch.setattr(processing_utils, "PUBLIC_HOSTNAME_WHITELIST", trusted)
+    try:
+        yield listener
+    finally:
+        listener.close()
+
+
+def test_files_given_as_web_addresses_are_never_fetched(server, trusted_listener):
+    photo = {"path": trusted_listener.url, "meta": {"_type": "gradio.FileData"}}
+    body = {"data": [photo, "0.4b"], "fn_index": 0, "session_hash": "web"}
+    answer = httpx.post(f"{server.url}gradio_api/call/segment", json=body, timeout=30)
+    if answer.status_code == 200:  # accepted: wait for the answer, by which time Gradio fetched the file
+        event_id = answer.json()["event_id"]
+        httpx.get(f"{server.url}gradio_api/call/segment/{event_id}", timeout=60)
+    assert trusted_listener.requests == []
+    assert answer.status_code == 400
+    check_sentence(answer.json()["detail"])
+    assert "given as a web address" in answer.json()["detail"]

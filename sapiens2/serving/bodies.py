@@ -36,6 +36,9 @@ class BodyLimit:
         if body is None:
             await answer(send, 413, self._too_large())
             return
+        if names_an_address(body):
+            await answer(send, 400, ADDRESS_REFUSED)
+            return
         await self.app(scope, _replay(body, last, receive), send)
 
     async def _read(self, receive: Receive) -> tuple[bytes | None, dict]:
@@ -59,6 +62,31 @@ class BodyLimit:
             f"{self.limit_bytes / MB:g} MB for a request. Send photos and videos as uploads "
             "(gradio_client's handle_file does), not inside the request itself."
         )
+
+
+ADDRESS_REFUSED = (
+    "Request refused: a file in it is given as a web address, and this server does not fetch files from "
+    "the web. Please download the file and upload it (gradio_client's handle_file does)."
+)
+
+
+def names_an_address(body: bytes) -> bool:
+    """Whether a JSON body holds a file whose `path` is a web address (Gradio would download it)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False  # Gradio answers bodies that are not JSON itself
+    pending = [data]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            path = item.get("path")
+            if isinstance(path, str) and path.strip().lower().startswith(("http:", "https:")):
+                return True
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _declared_length(scope: Scope) -> int | None:
