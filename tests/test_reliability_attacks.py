@@ -675,3 +675,13 @@ def test_files_given_as_web_addresses_are_never_fetched(server, trusted_listener
     assert answer.status_code == 400
     check_sentence(answer.json()["detail"])
     assert "given as a web address" in answer.json()["detail"]
+
+
+def test_the_file_route_never_fetches_web_addresses(server, trusted_listener):
+    for address in (trusted_listener.url, trusted_listener.url.replace("http://", "http:/")):
+        answer = httpx.get(f"{server.url}gradio_api/file={address}", timeout=30)
+        assert answer.status_code == 403
+        check_sentence(answer.json()["detail"])
+        assert "does not fetch web addresses" in answer.json()["detail"]
+    assert trusted_listener.requests == []
+

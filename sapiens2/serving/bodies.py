@@ -28,6 +28,9 @@ class BodyLimit:
         if scope["type"] != "http" or scope["path"].endswith("/upload"):
             await self.app(scope, receive, send)
             return
+        if asks_for_an_address(scope["path"]):
+            await answer(send, 403, FILE_ADDRESS_REFUSED)
+            return
         declared = _declared_length(scope)
         if declared is not None and declared > self.limit_bytes:
             await answer(send, 413, self._too_large())
@@ -68,6 +71,18 @@ ADDRESS_REFUSED = (
     "Request refused: a file in it is given as a web address, and this server does not fetch files from "
     "the web. Please download the file and upload it (gradio_client's handle_file does)."
 )
+
+
+FILE_ADDRESS_REFUSED = (
+    "Request refused: /file= serves only the files this server made or was sent; it does not fetch web "
+    "addresses. Please open the address yourself."
+)
+
+
+def asks_for_an_address(path: str) -> bool:
+    """Whether a request asks Gradio's /file= route for a web address (Gradio would fetch it)."""
+    _, marker, target = path.partition("/file=")
+    return bool(marker) and (":/" in target or target.lstrip("/").lower().startswith(("http:", "https:")))
 
 
 def names_an_address(body: bytes) -> bool:
