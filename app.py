@@ -49,6 +49,8 @@ MAX_UPLOAD = "40mb"
 # what one client uploads is counted over the life of a file (sapiens2.serving.uploads).
 CACHE_SWEEP, CACHE_LIFE = 600, 1800
 
+MONITORING_ENV = "SAPIENS2_MONITORING"
+
 TITLE = "Sapiens2 Studio"
 INTRO = (
     "Meta's **Sapiens2** models for images of people: 308 keypoints per person, 29 body parts, surface "
@@ -115,6 +117,8 @@ def launch(
         prevent_thread_lock=prevent_thread_lock,
         max_file_size=MAX_UPLOAD,
         app_kwargs={"middleware": guards},
+        # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
+        enable_monitoring=os.environ.get(MONITORING_ENV, "").strip() == "1",
         theme=THEME,
         css=CSS,
     )

@@ -685,3 +685,7 @@ def test_the_file_route_never_fetches_web_addresses(server, trusted_listener):
         assert "does not fetch web addresses" in answer.json()["detail"]
     assert trusted_listener.requests == []
 
+
+def test_monitoring_is_off_unless_asked_for(server):
+    for page in ("monitoring", "monitoring/summary"):
+        assert httpx.get(f"{server.url}{page}", timeout=30).status_code == 403
