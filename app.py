@@ -24,6 +24,7 @@ from sapiens2.runtime.messages import describe_error
 from sapiens2.serving import components, handlers
 from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.serving.private_files import keep_files_private
 from sapiens2.serving.requests import cancellable
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.serving.shutdown import exit_cleanly_on_signals
@@ -108,6 +109,7 @@ def launch(
 ):
     """Start the server with the app's queue limits, theme and upload cap."""
     demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
+    keep_files_private(demo.GRADIO_CACHE)
     quota = Middleware(UploadQuota, window=CACHE_SWEEP + CACHE_LIFE)
     guards = [Middleware(BodyLimit), quota]
     return demo.launch(

@@ -689,3 +689,12 @@ def test_the_file_route_never_fetches_web_addresses(server, trusted_listener):
 def test_monitoring_is_off_unless_asked_for(server):
     for page in ("monitoring", "monitoring/summary"):
         assert httpx.get(f"{server.url}{page}", timeout=30).status_code == 403
+
+
+def test_answer_files_in_gradios_cache_are_not_readable_by_others(server, client):
+    still_serving(client)
+    cache = Path(server.demo.GRADIO_CACHE)
+    answers = [path for path in cache.rglob("*") if path.is_file()]
+    assert answers and cache.stat().st_mode & 0o077 == 0
+    for path in answers:
+        assert path.stat().st_mode & 0o077 == 0, path.name
