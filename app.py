@@ -22,7 +22,9 @@ from sapiens2.runtime import Runtime
 from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_arguments
 from sapiens2.runtime.messages import describe_error
 from sapiens2.serving import components, handlers
+from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.serving.private_files import keep_files_private
 from sapiens2.serving.requests import cancellable
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.serving.shutdown import exit_cleanly_on_signals
@@ -47,6 +49,8 @@ MAX_UPLOAD = "40mb"
 # Gradio deletes its copies of uploads and answers older than CACHE_LIFE seconds, every CACHE_SWEEP seconds;
 # what one client uploads is counted over the life of a file (sapiens2.serving.uploads).
 CACHE_SWEEP, CACHE_LIFE = 600, 1800
+
+MONITORING_ENV = "SAPIENS2_MONITORING"
 
 TITLE = "Sapiens2 Studio"
 INTRO = (
@@ -105,14 +109,18 @@ def launch(
 ):
     """Start the server with the app's queue limits, theme and upload cap."""
     demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
+    keep_files_private(demo.GRADIO_CACHE)
     quota = Middleware(UploadQuota, window=CACHE_SWEEP + CACHE_LIFE)
+    guards = [Middleware(BodyLimit), quota]
     return demo.launch(
         server_name=host,
         server_port=port,
         share=share,
         prevent_thread_lock=prevent_thread_lock,
         max_file_size=MAX_UPLOAD,
-        app_kwargs={"middleware": [quota]},
+        app_kwargs={"middleware": guards},
+        # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
+        enable_monitoring=os.environ.get(MONITORING_ENV, "").strip() == "1",
         theme=THEME,
         css=CSS,
     )

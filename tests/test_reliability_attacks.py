@@ -593,3 +593,108 @@ def test_a_full_disk_gets_a_sentence_and_leaves_nothing_partial(server, client, 
     leftovers = [path for path in full_disk.rglob("*") if path.is_file()]
     assert leftovers == [], leftovers
     still_serving(client)
+
+
+# ---- 8. raw routes into the app --------------------------------------------------------------------------
+
+
+def join_body(size: int) -> bytes:
+    """A queue join whose one string argument makes the JSON body `size` bytes long."""
+    head, tail = b'{"data": ["', b'"], "fn_index": 0, "session_hash": "big"}'
+    return head + b"a" * (size - len(head) - len(tail)) + tail
+
+
+def test_request_bodies_other_than_uploads_are_bounded(server):
+    body = join_body(3_000_000)
+    join = f"{server.url}gradio_api/queue/join"
+    headers = {"content-type": "application/json"}
+    with PeakMemory() as memory:
+        declared = httpx.post(join, content=body, headers=headers, timeout=30)
+        chunks = (body[start : start + 65536] for start in range(0, len(body), 65536))
+        streamed = httpx.post(join, content=chunks, headers=headers, timeout=30)
+    report("3 MB JSON bodies to /queue/join, with and without Content-Length", memory)
+    for answer in (declared, streamed):
+        assert answer.status_code == 413
+        detail = answer.json()["detail"]
+        check_sentence(detail)
+        assert "larger than this server's limit of 2 MB for a request" in detail
+    assert httpx.post(join, content=join_body(1000), headers=headers, timeout=30).status_code == 200
+
+
+class Listener:
+    """A local HTTP server on 127.0.0.1 that records every request it gets."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        requests = self.requests = []
+
+        class Record(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                requests.append(self.path)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(png_bytes(64, 64))
+
+            do_HEAD = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Record)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/photo.png"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def trusted_listener(monkeypatch) -> Iterator[Listener]:
+    """A Listener whose host Gradio trusts as it trusts the Hub's own (no check of its address)."""
+    from gradio import processing_utils
+
+    listener = Listener()
+    trusted = [*processing_utils.PUBLIC_HOSTNAME_WHITELIST, "127.0.0.1"]
+    monkeypatch.setattr(processing_utils, "PUBLIC_HOSTNAME_WHITELIST", trusted)
+    try:
+        yield listener
+    finally:
+        listener.close()
+
+
+def test_files_given_as_web_addresses_are_never_fetched(server, trusted_listener):
+    photo = {"path": trusted_listener.url, "meta": {"_type": "gradio.FileData"}}
+    body = {"data": [photo, "0.4b"], "fn_index": 0, "session_hash": "web"}
+    answer = httpx.post(f"{server.url}gradio_api/call/segment", json=body, timeout=30)
+    if answer.status_code == 200:  # accepted: wait for the answer, by which time Gradio fetched the file
+        event_id = answer.json()["event_id"]
+        httpx.get(f"{server.url}gradio_api/call/segment/{event_id}", timeout=60)
+    assert trusted_listener.requests == []
+    assert answer.status_code == 400
+    check_sentence(answer.json()["detail"])
+    assert "given as a web address" in answer.json()["detail"]
+
+
+def test_the_file_route_never_fetches_web_addresses(server, trusted_listener):
+    for address in (trusted_listener.url, trusted_listener.url.replace("http://", "http:/")):
+        answer = httpx.get(f"{server.url}gradio_api/file={address}", timeout=30)
+        assert answer.status_code == 403
+        check_sentence(answer.json()["detail"])
+        assert "does not fetch web addresses" in answer.json()["detail"]
+    assert trusted_listener.requests == []
+
+
+def test_monitoring_is_off_unless_asked_for(server):
+    for page in ("monitoring", "monitoring/summary"):
+        assert httpx.get(f"{server.url}{page}", timeout=30).status_code == 403
+
+
+def test_answer_files_in_gradios_cache_are_not_readable_by_others(server, client):
+    still_serving(client)
+    cache = Path(server.demo.GRADIO_CACHE)
+    answers = [path for path in cache.rglob("*") if path.is_file()]
+    assert answers and cache.stat().st_mode & 0o077 == 0
+    for path in answers:
+        assert path.stat().st_mode & 0o077 == 0, path.name

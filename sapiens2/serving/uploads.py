@@ -35,7 +35,7 @@ Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
 
 
-def _env_number(name: str, default: int, minimum: int) -> int:
+def env_number(name: str, default: int, minimum: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -113,11 +113,11 @@ class UploadQuota:
     def __init__(self, app: Callable, *, window: float, ledger: UploadLedger | None = None):
         self.app = app
         self.ledger = ledger or UploadLedger(
-            _env_number(QUOTA_MB_ENV, DEFAULT_QUOTA_MB, 1) * MB,
-            _env_number(TOTAL_MB_ENV, DEFAULT_TOTAL_MB, 1) * MB,
+            env_number(QUOTA_MB_ENV, DEFAULT_QUOTA_MB, 1) * MB,
+            env_number(TOTAL_MB_ENV, DEFAULT_TOTAL_MB, 1) * MB,
             window,
         )
-        self.trusted_proxies = _env_number(PROXIES_ENV, 0, 0)
+        self.trusted_proxies = env_number(PROXIES_ENV, 0, 0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].endswith("/upload"):
