@@ -605,20 +605,22 @@ def join_body(size: int) -> bytes:
 
 
 def test_request_bodies_other_than_uploads_are_bounded(server):
-    body = join_body(3_000_000)
+    body = join_body(9_000_000)
     join = f"{server.url}gradio_api/queue/join"
     headers = {"content-type": "application/json"}
     with PeakMemory() as memory:
         declared = httpx.post(join, content=body, headers=headers, timeout=30)
         chunks = (body[start : start + 65536] for start in range(0, len(body), 65536))
         streamed = httpx.post(join, content=chunks, headers=headers, timeout=30)
-    report("3 MB JSON bodies to /queue/join, with and without Content-Length", memory)
+    report("9 MB JSON bodies to /queue/join, with and without Content-Length", memory)
     for answer in (declared, streamed):
         assert answer.status_code == 413
         detail = answer.json()["detail"]
         check_sentence(detail)
-        assert "larger than this server's limit of 2 MB for a request" in detail
+        assert "larger than this server's limit of 8 MB for a request" in detail
     assert httpx.post(join, content=join_body(1000), headers=headers, timeout=30).status_code == 200
+    # a 1080p webcam frame as the page sends it (a base64 PNG in the JSON) is within the limit
+    assert httpx.post(join, content=join_body(6_000_000), headers=headers, timeout=30).status_code != 413
 
 
 class Listener:

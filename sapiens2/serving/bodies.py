@@ -14,7 +14,7 @@ from collections.abc import Callable
 from sapiens2.serving.uploads import MB, Receive, Scope, Send, env_number
 
 BODY_MB_ENV = "SAPIENS2_MAX_BODY_MB"
-DEFAULT_BODY_MB = 2
+DEFAULT_BODY_MB = 8  # a webcam frame arrives as a base64 PNG inside the JSON: a 1080p one is 4-6 MB
 
 
 class BodyLimit:
