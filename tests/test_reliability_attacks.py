@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -482,6 +483,44 @@ def test_one_client_cannot_store_without_end(small_mirror, tmp_path):
             assert "limit of 3 MB per person" in detail and "kept for 40 minutes" in detail
             assert send("198.51.100.2").status_code == 200  # someone else still can
     assert app.CACHE_SWEEP + app.CACHE_LIFE == 2400
+
+
+def headers_only(url: str, forwarded: str, length: int) -> socket.socket:
+    """An upload request that states `length` bytes and sends none, once the server has read its headers."""
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    connection = socket.create_connection((host, int(port)), timeout=30)
+    connection.sendall(
+        (
+            f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}\r\nX-Forwarded-For: {forwarded}\r\n"
+            f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {length}\r\n"
+            "Expect: 100-continue\r\n\r\n"
+        ).encode()
+    )
+    assert connection.recv(64).split(b" ")[1] in (b"100", b"429", b"503")  # the quota has seen it
+    return connection
+
+
+def test_the_quota_counts_bytes_that_arrived_from_real_addresses(small_mirror, tmp_path):
+    detector = tiny_detector(tmp_path)
+    quota = {
+        "SAPIENS2_UPLOAD_QUOTA_MB": "3",
+        "SAPIENS2_UPLOAD_TOTAL_MB": "10",
+        "SAPIENS2_TRUSTED_PROXIES": "1",
+    }
+    with environment(**quota), running_app(small_mirror, detector, tmp_path / "scratch") as server:
+        held = [headers_only(server.url, "198.51.100.1", 3_000_000) for _ in range(3)]
+        held += [headers_only(server.url, f"203.0.113.{n}", 3_000_000) for n in range(22)]
+        files = [("files", ("blob.jpg", bytes(1_000_000)))]
+
+        def send(forwarded: str) -> int:
+            headers = {"x-forwarded-for": forwarded}
+            return httpx.post(f"{server.url}gradio_api/upload", files=files, headers=headers).status_code
+
+        assert send("198.51.100.1") == 200 and send("198.51.100.9") == 200
+        rotating = [send(f"192.0.2.{n}, 198.51.100.5") for n in range(4)]
+        assert rotating == [200, 200, 429, 429]  # a spoofed left entry is no new client
+        for connection in held:
+            connection.close()
 
 
 # ---- 4. faults in the server's own files ---------------------------------------------------------------

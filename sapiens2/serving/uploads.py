@@ -2,13 +2,16 @@
 
 The web server keeps every upload until its cache cleaner deletes it (the app asks for files older than
 `window` seconds to go). Counting what each client sent over that same window bounds what one client can
-store at any time, whatever the size of each file (which the server caps on its own). The count is kept as
-the body streams in: a request that would go over is answered 429 (or 503 when everyone's total is full)
-before the rest of its body is read, and from its Content-Length alone when it says one.
+store at any time, whatever the size of each file (which the server caps on its own). Only bytes that
+arrived are counted, chunk by chunk as the body streams in: a request that stops early counts what it sent.
+A chunk that would go over is answered 429 (or 503 when everyone's total is full) and the rest of the body
+is not read; a Content-Length above what is left is refused up front, but a stated length is never charged.
 
-A client is its network address. Behind a reverse proxy (a Hugging Face Space) every request comes from the
-proxy, so `trusted_proxies` says how many proxies in front of the server add themselves to
-X-Forwarded-For: the address that many hops from the end of that header is the client's.
+A client is its network address. Behind a reverse proxy every request comes from the proxy, so
+`trusted_proxies` says how many proxies in front of the server each append the address they received
+from to X-Forwarded-For (a Hugging Face Space's proxy does: set 1 there). Only the right-most
+`trusted_proxies` entries were written by those proxies; the client's is the left-most of them, and
+anything further left is whatever the client sent, never used.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import os
 import threading
 import time
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +32,7 @@ PROXIES_ENV = "SAPIENS2_TRUSTED_PROXIES"
 DEFAULT_QUOTA_MB = 200
 DEFAULT_TOTAL_MB = 4000
 MB = 1_000_000
+BUCKETS_PER_WINDOW = 240  # 10 s buckets for the app's 40 minutes
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
@@ -45,50 +49,86 @@ def env_number(name: str, default: int, minimum: int) -> int:
 
 
 class UploadLedger:
-    """Bytes uploaded per client and in all over the last `window` seconds."""
+    """Bytes uploaded per client and in all over the last `window` seconds.
 
-    def __init__(self, quota_bytes: int, total_bytes: int, window: float):
+    Bytes are filed in time buckets (`window / BUCKETS_PER_WINDOW` seconds each) with running totals, so
+    counting a chunk costs O(1) and forgetting costs one step per (bucket, client) ever filed: amortised
+    O(1) per chunk, whatever the history. A byte is forgotten between one and two buckets after `window`.
+    """
+
+    def __init__(
+        self, quota_bytes: int, total_bytes: int, window: float, clock: Callable[[], float] = time.monotonic
+    ):
         self.quota_bytes = quota_bytes
         self.total_bytes = total_bytes
         self.window = window
+        self.clock = clock
+        self._bucket_seconds = max(window / BUCKETS_PER_WINDOW, 1e-3)
         self._lock = threading.Lock()
-        self._sent: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
+        self._buckets: deque[tuple[int, dict[str, int]]] = deque()
+        self._per_client: dict[str, int] = {}
+        self._everyone = 0
 
-    def _forget_old(self, now: float) -> None:
-        for client in list(self._sent):
-            entries = self._sent[client]
-            while entries and entries[0][0] < now - self.window:
-                entries.popleft()
-            if not entries:
-                del self._sent[client]
+    @property
+    def stored_entries(self) -> int:
+        """How many (bucket, client) counts the ledger holds: its memory, and its work to forget."""
+        return sum(len(sent) for _, sent in self._buckets)
+
+    def _forget_old(self, bucket: int) -> None:
+        while self._buckets and self._buckets[0][0] < bucket - BUCKETS_PER_WINDOW:
+            for client, size in self._buckets.popleft()[1].items():
+                self._everyone -= size
+                left = self._per_client[client] - size
+                if left:
+                    self._per_client[client] = left
+                else:
+                    del self._per_client[client]
+
+    def _bucket_now(self) -> int:
+        bucket = int(self.clock() // self._bucket_seconds)
+        self._forget_old(bucket)
+        return bucket
 
     def used(self, client: str) -> tuple[int, int]:
         """(bytes this client sent, bytes everyone sent) within the window."""
         with self._lock:
-            self._forget_old(time.monotonic())
-            mine = sum(size for _, size in self._sent.get(client, ()))
-            return mine, sum(size for entries in self._sent.values() for _, size in entries)
+            self._bucket_now()
+            return self._per_client.get(client, 0), self._everyone
+
+    def refusal(self, client: str, size: int) -> str | None:
+        """The sentence refusing `size` more bytes from `client`, or None if they fit; nothing is counted."""
+        mine, everyone = self.used(client)
+        return self._over(mine, everyone, size)
+
+    def _over(self, mine: int, everyone: int, size: int) -> str | None:
+        minutes = f"{self.window / 60:.0f} minutes"
+        if mine + size > self.quota_bytes:
+            return (
+                f"Upload refused: this would bring what you uploaded in the last {minutes} above the "
+                f"limit of {self.quota_bytes / MB:.0f} MB per person (uploads are kept for {minutes}). "
+                "Please try again later, or send smaller files."
+            )
+        if everyone + size > self.total_bytes:
+            return (
+                "Upload refused: the server's space for uploads is full just now. Please try again in a "
+                "few minutes."
+            )
+        return None
 
     def take(self, client: str, size: int) -> str | None:
-        """Count `size` more bytes from `client`; a sentence (and nothing counted) when over a quota."""
+        """Count `size` bytes that arrived from `client`; a sentence (nothing counted) when over a quota."""
         with self._lock:
-            now = time.monotonic()
-            self._forget_old(now)
-            mine = sum(s for _, s in self._sent.get(client, ()))
-            everyone = sum(s for entries in self._sent.values() for _, s in entries)
-            minutes = f"{self.window / 60:.0f} minutes"
-            if mine + size > self.quota_bytes:
-                return (
-                    f"Upload refused: this would bring what you uploaded in the last {minutes} above the "
-                    f"limit of {self.quota_bytes / MB:.0f} MB per person (uploads are kept for {minutes}). "
-                    "Please try again later, or send smaller files."
-                )
-            if everyone + size > self.total_bytes:
-                return (
-                    "Upload refused: the server's space for uploads is full just now. Please try again in a "
-                    "few minutes."
-                )
-            self._sent[client].append((now, size))
+            bucket = self._bucket_now()
+            mine = self._per_client.get(client, 0)
+            refusal = self._over(mine, self._everyone, size)
+            if refusal:
+                return refusal
+            if not self._buckets or self._buckets[-1][0] != bucket:
+                self._buckets.append((bucket, {}))
+            sent = self._buckets[-1][1]
+            sent[client] = sent.get(client, 0) + size
+            self._per_client[client] = mine + size
+            self._everyone += size
             return None
 
 
@@ -124,14 +164,10 @@ class UploadQuota:
             await self.app(scope, receive, send)
             return
         client = client_address(scope, self.trusted_proxies)
-        headers = scope.get("headers", [])
-        declared = next((value for name, value in headers if name.lower() == b"content-length"), None)
-        if declared is not None and declared.isdigit():
-            refusal = self.ledger.take(client, int(declared))
-            if refusal:
-                await _refuse(send, refusal, self.ledger)
-                return
-            await self.app(scope, receive, send)
+        declared = _declared_length(scope)
+        refusal = self.ledger.refusal(client, declared) if declared is not None else None
+        if refusal:
+            await _refuse(send, refusal, self.ledger)
             return
         started = False
 
@@ -147,7 +183,7 @@ class UploadQuota:
                 await _refuse(send, str(refused), self.ledger)
 
     def _counted(self, client: str, receive: Receive) -> Receive:
-        """`receive` counting each chunk of a body sent without a length; over quota, the body ends there."""
+        """`receive` counting each chunk as it arrives; over quota, the body ends there."""
 
         async def counted() -> dict:
             message = await receive()
@@ -160,8 +196,16 @@ class UploadQuota:
         return counted
 
 
+def _declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length, when it states one."""
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"content-length" and value.isdigit():
+            return int(value)
+    return None
+
+
 class UploadRefused(Exception):  # noqa: N818
-    """A body sent without a length went over a quota while it streamed in."""
+    """A body went over a quota while it streamed in."""
 
 
 async def _refuse(send: Send, sentence: str, ledger: UploadLedger) -> None:
