@@ -1,5 +1,5 @@
-"""Inputs that cost minutes or gigabytes to decode while within the pixel and byte limits, refused from
-their structure first: a JPEG with thousands of scans, an MP4 whose sample table claims millions of samples."""
+"""Inputs within the pixel and byte limits that cost minutes or gigabytes to decode, refused from their
+structure first: a JPEG with thousands of scans, an MP4 whose sample table claims millions of samples."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from PIL import Image
-
 from bad_inputs import PHOTO
 from bad_videos import write_video
+from PIL import Image
+
 from sapiens2.vision.images import ImageInputError, load_image
 from sapiens2.vision.structure import jpeg_scans
 from sapiens2.vision.video_files import VideoError, checked_video
