@@ -233,3 +233,13 @@ def test_nothing_succeeded_exits_with_status_1(photos, setup_args, tmp_path, cap
     (tmp_path / "empty").mkdir()
     status, _ = run_cli("segment", tmp_path / "empty", "--out", tmp_path, *setup_args)
     assert status == EXIT_NOTHING_SUCCEEDED and "no image or video was found" in capsys.readouterr().err
+
+
+def test_a_jpeg_with_thousands_of_scans_is_refused_with_its_sentence(setup_args, tmp_path: Path) -> None:
+    from test_decode_budget import many_scans_jpeg
+
+    photo = tmp_path / "scans.jpg"
+    photo.write_bytes(many_scans_jpeg(3000))
+    status, printed = run_cli("segment", photo, "--out", tmp_path / "out", *setup_args)
+    assert status != 0
+    assert "3000 scans (progressive passes), above this server's limit of 100" in printed

@@ -33,6 +33,7 @@ from sapiens2.serving.requests import (
 )
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.tasks import TASKS, Task, get_task
+from sapiens2.vision.images import load_image
 from sapiens2.vision.limits import Limits
 
 try:  # On a Hugging Face ZeroGPU Space, this lends the function a GPU for the length of each call.
@@ -97,8 +98,9 @@ def task_handler(
         with user_errors():
             model = local.get(size) if isinstance(size, str) else None
             size = None if model else size
+            photo = load_image(path)  # decoded before the device is taken, so a slow file holds no one up
             with holding_device(slot, report):
-                result = _predict(runtime, task.name, path, size, options, report, model)
+                result = _predict(runtime, task.name, photo, size, options, report, model)
             stage(report, "writing files")
             folder = scratch.new_folder()
             files = result.export(folder, stem)
@@ -132,8 +134,9 @@ def overview_handler(
         path, stem = upload(image)
         report = reporter(progress)
         with user_errors():
+            photo = load_image(path)  # decoded before the device is taken
             with holding_device(slot, report):
-                results = _overview(runtime, path, size, report)
+                results = _overview(runtime, photo, size, report)
             stage(report, "writing files")
             folder = scratch.new_folder()
             files_out = [p for r in results for p in r.export(folder / r.task, stem)]

@@ -26,7 +26,8 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from sapiens2.errors import ConfigError, LimitError, Sapiens2Error
 from sapiens2.vision.files import file_problem, open_regular
-from sapiens2.vision.limits import Limits, too_large_unknown
+from sapiens2.vision.limits import JPEG_SCANS_COUNTED, Limits, too_large_unknown
+from sapiens2.vision.structure import jpeg_scans
 
 DEFAULT_MAX_SIDE = 4096
 MIN_SIDE = 32
@@ -203,6 +204,8 @@ def _decode(stream: IO[bytes], notes: list[str]) -> tuple[np.ndarray, np.ndarray
     head = stream.read(_SNIFF_BYTES)
     if not head:
         raise ImageInputError("The file is empty (0 bytes). Please choose an image file.")
+    if head.startswith(b"\xff\xd8"):
+        _check_jpeg_scans(stream)
     try:
         # verify() checks PNG chunk checksums, which decoding skips; it cannot decode, so reopen after.
         with _open_header(stream, head) as probe:
@@ -214,6 +217,16 @@ def _decode(stream: IO[bytes], notes: list[str]) -> tuple[np.ndarray, np.ndarray
         raise _decode_error(exc) from exc
     with image:
         return _from_pil(image, notes)
+
+
+def _check_jpeg_scans(stream: IO[bytes]) -> None:
+    """Refuse a JPEG whose scans would take minutes to decode, counted from its markers before decoding."""
+    limits = Limits.from_env()
+    stream.seek(0)
+    try:
+        limits.check_jpeg_scans(jpeg_scans(stream.read(), stop_after=limits.jpeg_scans * JPEG_SCANS_COUNTED))
+    except LimitError as error:
+        raise ImageInputError(str(error)) from None
 
 
 def _open_header(stream: IO[bytes], head: bytes) -> Image.Image:

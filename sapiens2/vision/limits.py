@@ -19,6 +19,8 @@ ASPECT_ENV = "SAPIENS2_MAX_ASPECT"
 FRAME_MEGAPIXELS_ENV = "SAPIENS2_MAX_FRAME_MEGAPIXELS"
 VIDEO_FRAMES_ENV = "SAPIENS2_MAX_VIDEO_FRAMES"
 OUTPUT_MB_ENV = "SAPIENS2_MAX_OUTPUT_MB"
+JPEG_SCANS_ENV = "SAPIENS2_MAX_JPEG_SCANS"
+VIDEO_SAMPLES_ENV = "SAPIENS2_MAX_VIDEO_SAMPLES"
 
 # 24 MP takes every phone and most camera photos as they are (12 MP phones, 6000x4000 cameras); a 12 MP
 # photo runs in every tab. A 10:1 strip is wider than any panorama a phone takes in one sweep at 24 MP.
@@ -27,6 +29,13 @@ DEFAULT_ASPECT = 10.0
 DEFAULT_FRAME_MEGAPIXELS = 8.3  # 3840x2160 (4K UHD) is 8.29 megapixels
 DEFAULT_VIDEO_FRAMES = 300  # 10 s at 30 frames per second
 DEFAULT_OUTPUT_MB = 1024.0
+# A progressive JPEG from a camera or an editor has about 10 scans, and each scan costs a pass over the whole
+# image: 23,000 scans of a 24 MP photo took 55 s to decode.
+DEFAULT_JPEG_SCANS = 100
+JPEG_SCANS_COUNTED = 100  # scans are counted up to this many times the limit, then the count stops
+# FFmpeg keeps an index entry (tens of bytes) per sample it is told of: a million is nine hours at 30 frames
+# per second, about 40 MB of index.
+DEFAULT_VIDEO_SAMPLES = 1_000_000
 
 
 def _number(name: str, default: float, *, whole: bool = False) -> float:
@@ -46,23 +55,29 @@ def _number(name: str, default: float, *, whole: bool = False) -> float:
 @dataclass(frozen=True)
 class Limits:
     """The limits in force: megapixels and aspect ratio of an image, megapixels of a video frame, frames of a
-    video per request (app only; None: no limit) and megabytes of files written per request."""
+    video per request (app only; None: no limit), megabytes of files written per request, scans of a JPEG
+    and samples in any one table of an MP4/MOV (counted before decoding)."""
 
     megapixels: float = DEFAULT_MEGAPIXELS
     aspect: float = DEFAULT_ASPECT
     frame_megapixels: float = DEFAULT_FRAME_MEGAPIXELS
     video_frames: int = DEFAULT_VIDEO_FRAMES
     output_mb: float = DEFAULT_OUTPUT_MB
+    jpeg_scans: int = DEFAULT_JPEG_SCANS
+    video_samples: int = DEFAULT_VIDEO_SAMPLES
 
     @classmethod
     def from_env(cls) -> Limits:
-        """The limits from SAPIENS2_MAX_MEGAPIXELS, _ASPECT, _FRAME_MEGAPIXELS, _VIDEO_FRAMES, _OUTPUT_MB."""
+        """The limits from SAPIENS2_MAX_MEGAPIXELS, _ASPECT, _FRAME_MEGAPIXELS, _VIDEO_FRAMES, _OUTPUT_MB,
+        _JPEG_SCANS and _VIDEO_SAMPLES."""
         return cls(
             megapixels=_number(MEGAPIXELS_ENV, DEFAULT_MEGAPIXELS),
             aspect=max(1.0, _number(ASPECT_ENV, DEFAULT_ASPECT)),
             frame_megapixels=_number(FRAME_MEGAPIXELS_ENV, DEFAULT_FRAME_MEGAPIXELS),
             video_frames=int(_number(VIDEO_FRAMES_ENV, DEFAULT_VIDEO_FRAMES, whole=True)),
             output_mb=_number(OUTPUT_MB_ENV, DEFAULT_OUTPUT_MB),
+            jpeg_scans=int(_number(JPEG_SCANS_ENV, DEFAULT_JPEG_SCANS, whole=True)),
+            video_samples=int(_number(VIDEO_SAMPLES_ENV, DEFAULT_VIDEO_SAMPLES, whole=True)),
         )
 
     def check_image(self, width: int, height: int) -> None:
@@ -83,6 +98,18 @@ class Limits:
                 f"The video's frames are too large: {width}x{height} pixels ({width * height / 1e6:.1f} "
                 f"megapixels) is above this server's limit of {self.frame_megapixels:g} megapixels per "
                 f"frame. Please resize the video to at most {_example(self.frame_megapixels)} and try again."
+            )
+
+    def check_jpeg_scans(self, scans: int) -> None:
+        """Refuse a JPEG with more scans (progressive passes) than the limit, counted from its markers up to
+        JPEG_SCANS_COUNTED times the limit."""
+        if scans > self.jpeg_scans:
+            counted = self.jpeg_scans * JPEG_SCANS_COUNTED
+            how_many = f"more than {counted}" if scans > counted else str(scans)
+            raise LimitError(
+                f"The JPEG image has {how_many} scans (progressive passes), above this server's limit of "
+                f"{self.jpeg_scans}; each pass decodes the whole image again, and a photo has about 10. "
+                "Please re-save it as an ordinary (baseline) JPEG or as a PNG and try again."
             )
 
     def check_output(self, written_bytes: int) -> None:

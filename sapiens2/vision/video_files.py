@@ -30,6 +30,8 @@ import cv2
 from sapiens2.errors import Sapiens2Error
 from sapiens2.vision.files import file_problem, open_regular
 from sapiens2.vision.images import sanitize_filename
+from sapiens2.vision.limits import Limits
+from sapiens2.vision.structure import mp4_table_problem
 
 DEMUXERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi"
 CAPTURE_OPTIONS = f"protocol_whitelist;file|format_whitelist;{DEMUXERS}|enable_drefs;0|use_absolute_path;0"
@@ -97,10 +99,24 @@ def checked_video(path: str | os.PathLike) -> Iterator[str]:
         raise VideoError(file_problem(error, name, "a video file")) from None
     with file:
         head = file.read(_HEAD_BYTES)
-        if container(head) is None:
+        kind = container(head)
+        if kind is None:
             raise _refusal(head, name)
+        if kind == "MP4/MOV":
+            _check_sample_tables(file, name)
         pinned = f"/proc/self/fd/{file.fileno()}"
         yield pinned if os.path.exists(pinned) else os.path.abspath(path)
+
+
+def _check_sample_tables(file, name: str) -> None:
+    """Refuse an MP4/MOV whose sample tables would make FFmpeg build an index beyond the file or the limit."""
+    limit = Limits.from_env().video_samples
+    problem = mp4_table_problem(file, limit)
+    if problem:
+        raise VideoError(
+            f"'{name}' cannot be opened as a video: {problem}. Please re-export the video (shorter than "
+            f"{limit} frames) and try again."
+        )
 
 
 def open_capture(name: str, shown: str) -> cv2.VideoCapture:
