@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from sapiens2.serving.uploads import MB, Receive, Scope, Send, env_number
+from sapiens2.serving.uploads import MB, Receive, Scope, Send, answer, declared_length, env_number
 
 BODY_MB_ENV = "SAPIENS2_MAX_BODY_MB"
 DEFAULT_BODY_MB = 8  # a webcam frame arrives as a base64 PNG inside the JSON: a 1080p one is 4-6 MB
@@ -31,7 +31,7 @@ class BodyLimit:
         if asks_for_an_address(scope["path"]):
             await answer(send, 403, FILE_ADDRESS_REFUSED)
             return
-        declared = _declared_length(scope)
+        declared = declared_length(scope)
         if declared is not None and declared > self.limit_bytes:
             await answer(send, 413, self._too_large())
             return
@@ -104,11 +104,6 @@ def names_an_address(body: bytes) -> bool:
     return False
 
 
-def _declared_length(scope: Scope) -> int | None:
-    value = next((v for name, v in scope.get("headers", []) if name.lower() == b"content-length"), None)
-    return int(value) if value is not None and value.isdigit() else None
-
-
 def _replay(body: bytes, last: dict, receive: Receive) -> Receive:
     """`receive` giving the body already read in one message, then the client's own messages."""
     pending = [{"type": "http.request", "body": body, "more_body": False}]
@@ -119,11 +114,3 @@ def _replay(body: bytes, last: dict, receive: Receive) -> Receive:
         return pending.pop(0) if pending else await receive()
 
     return replayed
-
-
-async def answer(send: Send, status: int, sentence: str) -> None:
-    """Answer the request with `status` and `sentence` as Gradio's JSON {"detail": ...}."""
-    payload = json.dumps({"detail": sentence}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})

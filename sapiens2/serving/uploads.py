@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sapiens2.errors import ConfigError
@@ -164,7 +164,7 @@ class UploadQuota:
             await self.app(scope, receive, send)
             return
         client = client_address(scope, self.trusted_proxies)
-        declared = _declared_length(scope)
+        declared = declared_length(scope)
         refusal = self.ledger.refusal(client, declared) if declared is not None else None
         if refusal:
             await _refuse(send, refusal, self.ledger)
@@ -196,7 +196,7 @@ class UploadQuota:
         return counted
 
 
-def _declared_length(scope: Scope) -> int | None:
+def declared_length(scope: Scope) -> int | None:
     """The request's Content-Length, when it states one."""
     for name, value in scope.get("headers", []):
         if name.lower() == b"content-length" and value.isdigit():
@@ -210,8 +210,12 @@ class UploadRefused(Exception):  # noqa: N818
 
 async def _refuse(send: Send, sentence: str, ledger: UploadLedger) -> None:
     status = 503 if sentence.startswith("Upload refused: the server's") else 429
+    await answer(send, status, sentence, [(b"retry-after", str(int(ledger.window)).encode())])
+
+
+async def answer(send: Send, status: int, sentence: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """Answer the request with `status` and `sentence` as Gradio's JSON {"detail": ...}."""
     body = json.dumps({"detail": sentence}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers.append((b"retry-after", str(int(ledger.window)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})
