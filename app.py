@@ -21,7 +21,7 @@ from starlette.middleware import Middleware
 from sapiens2.runtime import Runtime
 from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_arguments
 from sapiens2.runtime.messages import describe_error
-from sapiens2.serving import components, handlers
+from sapiens2.serving import components, handlers, zerogpu
 from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.device_slot import DeviceSlot
 from sapiens2.serving.private_files import keep_files_private
@@ -73,12 +73,17 @@ THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="sky")
 
 
 def build_app(
-    runtime: Runtime, scratch: ScratchSpace | None = None, local: Choices | None = None
+    runtime: Runtime,
+    scratch: ScratchSpace | None = None,
+    local: Choices | None = None,
+    hosting: zerogpu.Hosting | None = None,
 ) -> gr.Blocks:
     """The whole UI: one tab per task, an "All tasks" tab and a live webcam tab; `local` adds fine-tuned
-    checkpoints to their tasks' model lists (see sapiens2.tasks.local_models)."""
+    checkpoints to their tasks' model lists (see sapiens2.tasks.local_models); `hosting` says what the host
+    allows (`sapiens2.serving.zerogpu.serve`)."""
     scratch = scratch or ScratchSpace()
     local = local or {}
+    hosting = hosting or zerogpu.Hosting()
     slot = DeviceSlot()
     with gr.Blocks(title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE)) as demo:
         with gr.Column(elem_classes="studio-header"):
@@ -93,7 +98,10 @@ def build_app(
             with gr.Tab("Video", id="video"):
                 _video_tab(runtime, scratch, slot)
             with gr.Tab("Live webcam", id="live"):
-                _live_tab(runtime, slot)
+                if hosting.live_unavailable:
+                    gr.Markdown(f"### Live webcam\n{hosting.live_unavailable}", elem_id="live-note")
+                else:
+                    _live_tab(runtime, slot)
         gr.Markdown(LICENCE, elem_classes="studio-note")
     demo.device_slot = slot
     return demo
@@ -300,10 +308,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         local = local_choices(args.checkpoint_dir, args.model)
     except Exception as error:
         sys.exit(describe_error(error))
+    try:
+        hosting = zerogpu.serve(runtime)
+    except Exception as error:
+        sys.exit(describe_error(error))
     scratch = ScratchSpace()
     atexit.register(scratch.remove)
     exit_cleanly_on_signals(scratch.remove)
-    launch(build_app(runtime, scratch, local), host=args.host, port=args.port, share=args.share)
+    demo = build_app(runtime, scratch, local, hosting)
+    launch(demo, host=args.host, port=args.port, share=args.share)
 
 
 if __name__ == "__main__":

@@ -342,7 +342,7 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
     stem = job.output_stem
     target = video_outputs(task, job.out_dir, stem, video_format=job.video_format)[0]
     # Load the model before the clock starts, and fail before decoding.
-    runtime.model(job.model or task.repo_id(job.size), progress)
+    runtime.prepare(job.model or task.repo_id(job.size), progress)
     log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
     capture = _open(job.path)
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,6 +45,11 @@ class ModelHost(Protocol):
     def detect(self, image: LoadedImage) -> Detections: ...
 
     def config(self, repo_id: str) -> Sapiens2Config: ...
+
+    def run_on_device(self, context: PipelineContext, photos: Sequence[Any], first_step: int) -> None:
+        """Run the pipeline's steps from `first_step` on where the models live, filling the photos' values
+        (`photos`: the pipeline's `sapiens2.pipelines.steps.Photo`s)."""
+        ...
 
 
 @dataclass

@@ -71,12 +71,30 @@ class Pipeline:
     finish: Finish
 
     def run(self, context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
-        """One result per photo, in order: every step on the whole batch, then each photo finished."""
+        """One result per photo, in order: every step on the whole batch, then each photo finished.
+
+        The steps before the first model step run here; the rest go to the device through the host
+        (`ModelHost.run_on_device`: in this process, or across `sapiens2.runtime.boundary`).
+        """
         photos = [Photo(image) for image in images]
-        for step in self.steps:
-            step.apply(context, photos)
+        first = self.first_model_step
+        self.run_steps(context, photos, 0, first)
+        if first < len(self.steps):
+            context.host.run_on_device(context, photos, first)
         context.stage("drawing the pictures")
         return [self.finished(context, photo) for photo in photos]
+
+    @property
+    def first_model_step(self) -> int:
+        """The index of the first step that needs a model (the number of steps when none does)."""
+        return next((index for index, step in enumerate(self.steps) if step.uses_model), len(self.steps))
+
+    def run_steps(
+        self, context: PipelineContext, photos: Sequence[Photo], first: int = 0, stop: int | None = None
+    ) -> None:
+        """Steps `first` up to `stop` (default: the last) on the photos."""
+        for step in self.steps[first:stop]:
+            step.apply(context, photos)
 
     def finished(self, context: PipelineContext, photo: Photo) -> TaskResult:
         """The photo's result, carrying the timings of every step. The finish counts as decoding, except

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ DEFAULT_CUDA_BUDGET_GIB = 16.0
 DEFAULT_CPU_BUDGET_GIB = 12.0
 
 Loader = Callable[..., nn.Module]
+log = logging.getLogger("sapiens2.models")
 
 
 def model_bytes(model: nn.Module) -> int:
@@ -74,11 +77,27 @@ class ModelCache:
         self._models: OrderedDict[str, tuple[nn.Module, int]] = OrderedDict()
         self._lock = threading.Lock()
         self._key_locks: dict[str, threading.Lock] = {}
+        self._kept: set[str] = set()
         self.stats = CacheStats()
 
     def __contains__(self, repo_id: str) -> bool:
         with self._lock:
             return repo_id in self._models
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of the models held now."""
+        with self._lock:
+            return sum(size for _, size in self._models.values())
+
+    def keep(self, repo_id: str) -> None:
+        """Never evict `repo_id` (a model loaded at start-up for good)."""
+        with self._lock:
+            self._kept.add(repo_id)
+
+    def load_through(self, wrap: Callable[[Loader], Loader]) -> None:
+        """Load models through `wrap(loader)` from now on."""
+        self._loader = wrap(self._loader)
 
     def cached_ids(self) -> list[str]:
         """Repo ids currently held, least recently used first."""
@@ -100,8 +119,10 @@ class ModelCache:
                     self.stats.hits += 1
                     return self._models[repo_id][0]
             self._make_room(repo_id)
+            start = time.perf_counter()
             model = self._loader(repo_id, device=self.device, dtype=self.dtype, progress=progress)
             size = model_bytes(model)
+            log.info("loaded %s (%.2f GB) in %.1f s", repo_id, size / 1e9, time.perf_counter() - start)
             with self._lock:
                 self._models[repo_id] = (model, size)
                 self.stats.loads += 1
@@ -128,7 +149,7 @@ class ModelCache:
             return
         with self._lock:
             total = sum(size for _, size in self._models.values())
-            for key in list(self._models):
+            for key in [key for key in self._models if key not in self._kept]:
                 if total + expected <= self.budget_bytes:
                     break
                 total -= self._models.pop(key)[1]
@@ -140,7 +161,7 @@ class ModelCache:
         for key in list(self._models):
             if total <= self.budget_bytes:
                 break
-            if key == keep:
+            if key == keep or key in self._kept:
                 continue
             total -= self._models.pop(key)[1]
             self.stats.evictions.append(key)

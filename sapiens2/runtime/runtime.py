@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -19,7 +19,9 @@ from sapiens2.models.kinds import ModelKind
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import Option
+from sapiens2.pipelines.steps import Photo
 from sapiens2.progress import Progress, within
+from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork
 from sapiens2.runtime.cache import ModelCache, budget_from_env
 from sapiens2.runtime.jobs import check_cancelled
 from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
@@ -78,6 +80,10 @@ class Runtime:
         self._detector_lock = threading.Lock()
         self._settings: dict[str, ProcessorSettings] = {}
         self._configs: dict[str, Sapiens2Config] = {}
+        # Where the model steps run: None in this process; else a function taking plain DeviceWork to its
+        # DeviceOutcome somewhere the models live (a ZeroGPU worker: sapiens2.serving.zerogpu).
+        self.device_boundary: Callable[[DeviceWork], DeviceOutcome] | None = None
+        self.resident: set[str] = set()  # models loaded at start-up and kept (see `preload`)
 
     @property
     def device_label(self) -> str:
@@ -86,6 +92,11 @@ class Runtime:
     @property
     def dtype_label(self) -> str:
         return dtype_name(self.dtype)
+
+    @property
+    def loads(self) -> int:
+        """Models loaded by this runtime so far (cache misses)."""
+        return self.cache.stats.loads
 
     # ---- what tasks call -------------------------------------------------------------------------------
 
@@ -121,6 +132,40 @@ class Runtime:
                 )
             self._settings[repo_id] = settings
         return self._settings[repo_id]
+
+    def run_on_device(self, context: PipelineContext, photos: Sequence[Photo], first_step: int) -> None:
+        """The pipeline's steps from `first_step` on: here, or across the device boundary when one is set,
+        as plain data (the photos already resized for the model on this side)."""
+        pipeline = get_task(context.task.name).pipeline
+        if self.device_boundary is None:
+            pipeline.run_steps(context, photos, first_step)
+            return
+        for photo in photos:
+            photo.image.model_rgb  # noqa: B018 - resized here, on the CPU, before the photo crosses
+        task, options = context.task.name, dict(context.options)
+        work = DeviceWork(task, context.repo_id, options, first_step, list(photos), context.progress)
+        self.device_boundary(work).applied_to(photos, context)
+
+    def prepare(self, repo_id: str, progress: Progress | None = None) -> None:
+        """Make `repo_id` ready before a long job, so a missing or broken checkpoint fails first: loaded
+        here, or, when the models live across a device boundary, its config read (the device loads it)."""
+        if self.device_boundary is None:
+            self.model(repo_id, progress)
+        else:
+            self.config(repo_id)
+
+    def preload(self, repo_id: str) -> None:
+        """Load `repo_id` now and keep it: the models a host loads at start-up (`resident`)."""
+        self.model(repo_id)
+        self.cache.keep(repo_id)
+        self.resident.add(repo_id)
+
+    def use_device(self, device: torch.device) -> None:
+        """Run on `device` from now on: a forked worker that really holds the device its parent emulated."""
+        self.device = device
+        self.cache.device = device
+        if self._detector is not None and self._detector_source is not None:
+            self._detector = None  # built again, on the new device, at the next detection
 
     def detect(self, image: LoadedImage) -> Detections:
         """Person boxes in the photo's model-side pixels."""
@@ -205,6 +250,14 @@ class Runtime:
         """A sentence saying what the first use of this model will download, or None when it is local."""
         entry: Task = get_task(task)
         repo_ids = entry.repo_ids_needed(size)
+        if self.device_boundary is not None:  # the models live on the device side, loaded per worker
+            missing = [repo_id for repo_id in repo_ids if repo_id not in self.resident]
+            if not missing:
+                return None
+            return (
+                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not kept loaded on this "
+                "server: each run with this size loads it first, within the run's GPU time."
+            )
         lines = []
         for repo_id in repo_ids:
             if repo_id in self.cache:

@@ -15,7 +15,7 @@ from typing import Any
 
 import gradio as gr
 
-from sapiens2.batch.video import VideoJob, VideoResult, process_video
+from sapiens2.batch.video import VideoJob, process_video
 from sapiens2.outputs.exports import write_picture
 from sapiens2.outputs.pictures import fit_for_display
 from sapiens2.outputs.results import TaskResult
@@ -36,16 +36,6 @@ from sapiens2.tasks import TASKS, Task, get_task
 from sapiens2.vision.images import load_image
 from sapiens2.vision.limits import Limits
 
-try:  # On a Hugging Face ZeroGPU Space, this lends the function a GPU for the length of each call.
-    import spaces
-
-    gpu = spaces.GPU(duration=120)
-except ImportError:
-
-    def gpu(function: Callable) -> Callable:
-        return function
-
-
 log = logging.getLogger("sapiens2.app")
 
 VIDEO_BATCH = 4  # frames per model call for /video: bounds the frames and results held at once
@@ -53,29 +43,6 @@ SHOWN_MAX_SIDE = 4096  # pictures on the page at most this long (a 48 MP PNG tak
 LIVE_WINDOW = 10  # frames the live frame rate is measured over
 # Marks the parameter Gradio fills with each request's own progress tracker.
 PROGRESS = gr.Progress()
-
-
-@gpu
-def _predict(
-    runtime: Runtime,
-    task: str,
-    image: Any,
-    size: str | None,
-    options: dict,
-    progress,
-    model: str | None = None,
-) -> TaskResult:
-    return runtime.run(task, image, size=size, model=model, progress=progress, **options)
-
-
-@gpu
-def _overview(runtime: Runtime, image: Any, size: str | None, progress) -> list[TaskResult]:
-    return runtime.run_all(image, size=size, progress=progress)
-
-
-@gpu
-def _process_video(runtime: Runtime, job: VideoJob, progress) -> VideoResult:
-    return process_video(runtime, job, progress)
 
 
 def task_handler(
@@ -100,7 +67,7 @@ def task_handler(
             size = None if model else size
             photo = load_image(path)  # decoded before the device is taken, so a slow file holds no one up
             with holding_device(slot, report):
-                result = _predict(runtime, task.name, photo, size, options, report, model)
+                result = runtime.run(task.name, photo, size=size, model=model, progress=report, **options)
             stage(report, "writing files")
             folder = scratch.new_folder()
             files = result.export(folder, stem)
@@ -136,7 +103,7 @@ def overview_handler(
         with user_errors():
             photo = load_image(path)  # decoded before the device is taken
             with holding_device(slot, report):
-                results = _overview(runtime, photo, size, report)
+                results = runtime.run_all(photo, size=size, progress=report)
             stage(report, "writing files")
             folder = scratch.new_folder()
             files_out = [p for r in results for p in r.export(folder / r.task, stem)]
@@ -177,7 +144,7 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, def
             )
             report = reporter(progress)
             with holding_device(slot, report):
-                result = _process_video(runtime, job, report)
+                result = process_video(runtime, job, report)
             check_output(scratch, folder)
         line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second."
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
@@ -197,7 +164,7 @@ def live_handler(runtime: Runtime, slot: DeviceSlot) -> Callable:
                 return gr.skip(), gr.skip(), times
             with user_errors():
                 entry = get_task(task)
-                result = _predict(runtime, entry.name, frame, next(iter(entry.repos)), {}, None)
+                result = runtime.run(entry.name, frame, size=next(iter(entry.repos)))
         times = (times + [time.perf_counter()])[-LIVE_WINDOW:]
         fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
         line = f"**{fps:.1f} frames per second** · {entry.title} {result.model_id} · {result.timing_line()}"

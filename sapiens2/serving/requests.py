@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,7 +70,18 @@ def reporter(progress: gr.Progress | None) -> Progress | None:
     """The runtime's progress(fraction, text) callback drawn as the page's progress bar."""
     if progress is None:
         return None
-    return lambda fraction, text: progress(fraction, desc=text)
+    return PageProgress(progress)
+
+
+@dataclass(frozen=True)
+class PageProgress:
+    """A request's progress bar as the runtime's progress(fraction, text): plain data that pickles, so a
+    device worker can report through it (Gradio sends its updates to the page from wherever it is called)."""
+
+    bar: gr.Progress
+
+    def __call__(self, fraction: float | None, text: str) -> None:
+        self.bar(fraction, desc=text)
 
 
 def stage(report: Progress | None, text: str) -> None:
