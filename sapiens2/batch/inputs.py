@@ -38,7 +38,7 @@ def is_input_name(relative: Sequence[str]) -> bool:
     )
 
 
-def folder_files(folder: Path, skip: Path) -> list[tuple[str, ...]]:
+def folder_files(folder: Path, skip: Path | None) -> list[tuple[str, ...]]:
     """The image and video files under a local `folder`, as their paths under it (parts), sorted; hidden
     entries, the `skip` folder and links to folders are left out (a link to `.` or to a parent would list
     the same files again, or for ever). With and without --ray, local folders are listed here."""

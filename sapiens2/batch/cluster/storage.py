@@ -102,8 +102,7 @@ def _folder_files(where: Place, out: Place) -> list[tuple[str, ...]]:
     """The photos and videos under a folder as their paths under it (parts): local folders are listed as
     without --ray (links to folders not followed), others (no links there) in one listing, sorted the same."""
     if where.is_local:
-        skip = os.path.realpath(out.path) if out.is_local else ""
-        return folder_files(Path(where.path), Path(skip))
+        return folder_files(Path(where.path), Path(os.path.realpath(out.path)) if out.is_local else None)
     skip = out.path.rstrip("/") + "/" if type(where.filesystem) is type(out.filesystem) else None
     found = []
     for entry in where.filesystem.get_file_info(pafs.FileSelector(where.path, recursive=True)):
