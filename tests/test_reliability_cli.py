@@ -1,6 +1,6 @@
 """The command line given inputs that are not regular files, names that are not UTF-8, and an --out that
 cannot hold the results: each gets a sentence (up front when it can be known up front) and the run goes on
-with the rest."""
+with the rest; inputs whose output names would clash each get their own files."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import os
 import shutil
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
 from test_cli import run_cli
+
+from sapiens2.batch.inputs import output_places
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTO = ROOT / "assets" / "grace_hopper.jpg"
@@ -108,3 +111,55 @@ def test_outputs_whose_names_would_be_too_long_are_refused_up_front(small_mirror
     assert status == 0
     assert "deep.jpg: Its output file names would be too long for this system." in printed
     assert (out / "near_segmentation.npy").is_file()
+
+
+def colliding_inputs(root: Path) -> list[Path]:
+    """Two folders that both hold a.jpg, and a folder of names that sanitize to one name or differ only in
+    case or in how é is written (composed, NFC, or as e and a combining accent, NFD)."""
+    for name in ("x", "y", "z"):
+        (root / name).mkdir(parents=True)
+    for path in [
+        root / "x" / "a.jpg",
+        root / "y" / "a.jpg",
+        root / "z" / "a b.jpg",
+        root / "z" / "a_b.jpg",
+        root / "z" / unicodedata.normalize("NFC", "café.jpg"),
+        root / "z" / unicodedata.normalize("NFD", "café.jpg"),
+        root / "z" / "Photo.jpg",
+        root / "z" / "photo.jpg",
+    ]:
+        shutil.copy(PHOTO, path)
+    return [root / "x", root / "y", root / "z"]
+
+
+def test_inputs_whose_output_names_collide_each_get_their_own_files(small_mirror, tmp_path):
+    inputs = colliding_inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    args = ["--out", out, "--checkpoint-dir", small_mirror, "--device", "cpu", "--exports", "npy"]
+    args.append("--no-pictures")
+    status, printed = run_cli("segment", *inputs, *args)
+    assert status == 0
+    assert "8 files written" in printed and "kept" not in printed, printed
+    written = sorted(path.name for path in out.iterdir())
+    assert len({name.casefold() for name in written}) == 8, written  # distinct on a case-insensitive disk too
+    assert "a_segmentation.npy" not in written  # neither a.jpg takes the plain name from the other
+    # A rerun finds every photo's files under the same names (resume works), whatever the inputs' order.
+    status, printed = run_cli("segment", *reversed(inputs), *args)
+    assert status == 0 and "0 files written" in printed and "8 already there (kept)" in printed
+    assert sorted(path.name for path in out.iterdir()) == written
+
+
+def test_output_names_are_kept_unless_they_clash_and_then_depend_on_the_input_alone():
+    places = output_places(
+        [
+            (("people", "ann.jpg"), "/in/people/ann.jpg"),
+            (("photo.jpg",), "/in/photo.jpg"),
+            (("photo.png",), "/in/photo.png"),
+            (("a.jpg",), "/x/a.jpg"),
+            (("a.jpg",), "/y/a.jpg"),
+        ]
+    )
+    assert places[:3] == [(("people",), "ann"), ((), "photo.jpg"), ((), "photo.png")]
+    assert places[3] != places[4] and all(stem.startswith("a-") for _, stem in places[3:])
+    alone_with_a_third = output_places([(("a.jpg",), "/y/a.jpg"), (("a.jpg",), "/w/a.jpg")])
+    assert alone_with_a_third[0] == places[4]  # its name comes from its own path, not from its neighbours

@@ -4,6 +4,7 @@ without it, tables of predictions and failures, resumed runs, a killed model act
 import contextlib
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +25,8 @@ pq = pytest.importorskip("pyarrow.parquet")
 import ray  # noqa: E402
 
 from sapiens2.batch.cluster.run import SizingError, size_stages  # noqa: E402
+from sapiens2.batch.cluster.storage import find_inputs, output_stems, place  # noqa: E402
+from sapiens2.batch.inputs import collect_sources  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {
@@ -145,6 +148,79 @@ def test_overwrite_redoes_every_photo_and_a_file_uri_works(ray_session, photos, 
     status, printed = run_cli(*args, "--no-pictures", "--overwrite", *setup_args)
     assert status == EXIT_OK and "2 files written" in printed
     assert len(table(out / "predictions/segment")) == 2  # the rows of the first run were replaced
+
+
+def test_a_broken_photo_in_a_block_of_good_ones_fails_alone(ray_session, small_mirror, tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    shutil.copy(ASSETS / "grace_hopper.jpg", folder / "a.jpg")
+    (folder / "b.jpg").write_bytes((ASSETS / "grace_hopper.jpg").read_bytes()[:4000])
+    shutil.copy(ASSETS / "astronaut.png", folder / "c.png")
+    out = tmp_path / "out"
+    status, printed = run_cli(
+        "segment", folder, "--out", out, "--ray", "--checkpoint-dir", small_mirror, "--device", "cpu",
+        "--batch-size", 8, "--exports", "npy", "--no-pictures",
+    )  # fmt: skip
+    assert status == EXIT_OK, printed  # one block of three rows: the good photos' rows beside a failed one
+    assert "2 files written" in printed and "segment: 2 photos" in printed and "1 failure:" in printed
+    assert sorted(table(out / "predictions/segment")["stem"]) == ["a", "c"]
+    (failed,) = table(out / "failures").to_dict("records")
+    assert (failed["path"], failed["task"], failed["stage"]) == (str(folder / "b.jpg"), "segment", "decode")
+    assert "The image file is incomplete" in failed["reason"]
+
+
+def test_a_ray_run_prints_its_summary_and_no_logs_or_warnings_of_its_own(small_mirror, tmp_path):
+    """The command as a user runs it (its own Ray, its own process, --out written with a slash at the end):
+    no deprecation warning from the package, no lines of Ray Data's progress or pickling fallbacks, the
+    tables' folders written as the user wrote --out, and Ray's usage statistics off."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    shutil.copy(ASSETS / "grace_hopper.jpg", folder / "a.jpg")
+    out = tmp_path / "results_ray"
+    argv = [
+        "segment", str(folder), "--out", f"{out}/", "--ray", "--checkpoint-dir", str(small_mirror),
+        "--device", "cpu", "--exports", "npy", "--no-pictures",
+    ]  # fmt: skip
+    script = (
+        "import sys\n"
+        "from ray._common.usage import usage_lib\n"
+        "from sapiens2.cli import main\n"
+        f"status = main({argv!r})\n"
+        "print('usage stats enabled:', usage_lib.usage_stats_enabled())\n"
+        "sys.exit(status)\n"
+    )
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("RAY_")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600, env=environ
+    )
+    printed = done.stdout + done.stderr
+    assert done.returncode == EXIT_OK, printed[-3000:]
+    assert f"Tables: {out}/predictions/<task>/ (one row per photo) and {out}/failures/ (Parquet)." in printed
+    assert "//" not in re.sub(r"\w+://", "", printed), printed
+    assert not re.search(r"sapiens2/\S+\.py:\d+: \w*Warning", printed), printed
+    assert "ArrowConversionError" not in printed and "logging_progress" not in printed, printed
+    assert "usage stats enabled: False" in printed
+
+
+def test_folders_are_listed_and_named_as_without_ray(tmp_path):
+    """Links to folders are not followed (`loop -> .` would list every photo again, 40 levels deep), the
+    order is the same, and clashing names get the same unique names."""
+    folder = tmp_path / "in"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "out").mkdir()
+    for name in ("a.jpg", "sub/a.jpg", "sub/b c.png", "sub/b_c.png", "out/old.jpg", "z.png"):
+        shutil.copy(ASSETS / "astronaut.png", folder / name)
+    os.symlink(".", folder / "loop")
+    os.symlink("sub", folder / "again")
+    out = folder / "out"
+    sources, missing = collect_sources([str(folder)], out)
+    found, missing_with_ray = find_inputs([str(folder)], place(str(out)))
+    assert not missing and not missing_with_ray
+    assert [item.label for item in found] == [source.label for source in sources]
+    listed = [source.path.relative_to(folder).as_posix() for source in sources]
+    assert listed == ["a.jpg", "sub/a.jpg", "sub/b c.png", "sub/b_c.png", "z.png"]
+    named = [(str(source.directory), source.stem) for source in sources]
+    assert output_stems(found, place(str(out))) == named and len(set(named)) == 5
 
 
 def _model_actor_pids() -> list[int]:

@@ -3,6 +3,7 @@ Ray Data pipeline and print the command line's summary with per-stage times."""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import sys
@@ -106,6 +107,17 @@ def size_stages(
 
 # ---- the run -----------------------------------------------------------------------------------------------
 
+# Ray's settings the command chooses unless they are set: no usage statistics sent.
+RAY_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def quiet_ray_data() -> None:
+    """Ray Data's messages on the console from warnings up: its plans and progress lines (one set every few
+    seconds where the output is not a terminal) stay in its log file; the summary says what was done."""
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setLevel(logging.WARNING)
+
 
 @dataclass
 class TaskRun:
@@ -177,7 +189,6 @@ def _dataset(job: Job, blocks: list[pa.Table], sizing: Sizing) -> ray.data.Datas
                 num_cpus=sizing.actor_cpus,
                 num_gpus=sizing.actor_gpus,
                 resources=sizing.actor_resources or None,
-                scheduling_strategy="SPREAD",
             )
         elif index:
             name = "+".join(step.name for step in steps)
@@ -205,13 +216,14 @@ def run(request: BatchRequest) -> int:
     out = place(str(request.out))
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=request.cluster.address or None)
+        for name, value in RAY_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        ray.init(address=request.cluster.address or None, logging_level=logging.WARNING)
+    quiet_ray_data()
     context = ray.data.DataContext.get_current()
     context.raise_original_map_exception = True  # a model or detector failure reads as itself
     # A cluster that cannot start MIN model actors gets an error, not an endless wait.
     context.wait_for_min_actors_s = WAIT_FOR_ACTORS_S
-    # The model time of a batch outweighs moving its photos: every actor gets work, wherever the data is.
-    context.execution_options.actor_locality_enabled = False
     try:
         return _run(request, out)
     finally:
@@ -313,7 +325,7 @@ def _run(request: BatchRequest, out: Place) -> int:
         outcome.seconds = time.perf_counter() - began
         outcome.totals = sink.totals
         unreadable |= {f["path"] for f in sink.totals.failures if f["stage"] in READ_STAGES}
-    return _summary(runs, inputs_failures, time.perf_counter() - start, str(request.out), len(photos))
+    return _summary(runs, inputs_failures, time.perf_counter() - start, out, len(photos))
 
 
 # ---- the summary -------------------------------------------------------------------------------------------
@@ -321,13 +333,14 @@ def _run(request: BatchRequest, out: Place) -> int:
 SHOWN_FAILURES = 20
 
 
-def _summary(runs: list[TaskRun], inputs_failures: list[dict], seconds: float, out: str, photos: int) -> int:
+def _summary(runs: list[TaskRun], inputs: list[dict], seconds: float, out: Place, photos: int) -> int:
     """Print what was done, per task and per stage, and the failures; returns the exit status."""
+    tables = out.shown(predictions_dir(out, "<task>")), out.shown(failures_dir(out))
     written = sum(r.totals.written for r in runs)
     kept = sum(r.totals.kept for r in runs)
     kept_text = f", {kept} already there (kept)" if kept else ""
-    print(f"\nDone in {seconds:.1f} s: {count(written, 'file')} written to {out}{kept_text}.")
-    failures = list(inputs_failures)
+    print(f"\nDone in {seconds:.1f} s: {count(written, 'file')} written to {out.text}{kept_text}.")
+    failures = list(inputs)
     for r in runs:
         totals = r.totals
         failures += totals.failures
@@ -347,13 +360,13 @@ def _summary(runs: list[TaskRun], inputs_failures: list[dict], seconds: float, o
             )
             print(f"    seconds per photo: {stages}")
             print(f"    model stages ran on {count(len(totals.nodes), 'node')}")
-    print(f"Tables: {out}/predictions/<task>/ (one row per photo) and {out}/failures/ (Parquet).")
+    print(f"Tables: {tables[0]}/ (one row per photo) and {tables[1]}/ (Parquet).")
     if failures:
         print(f"{count(len(failures), 'failure')}:")
         for item in failures[:SHOWN_FAILURES]:
             print(f"  {item['path']}: {item['reason']}")
         if len(failures) > SHOWN_FAILURES:
-            print(f"  ... and {len(failures) - SHOWN_FAILURES} more in {out}/failures/")
+            print(f"  ... and {len(failures) - SHOWN_FAILURES} more in {tables[1]}/")
     if any(r.totals.photos or r.skipped for r in runs):
         return EXIT_OK
     print("Nothing succeeded" + ("." if photos else ": no photo was found."), file=sys.stderr)

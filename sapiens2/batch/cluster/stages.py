@@ -2,7 +2,8 @@
 
 A row carries its input (`source`, `fs`, `label`), its output place (`directory`, `stem`), then the bytes,
 the `Photo` on its way through the task's steps, and `error`/`stage` once something went wrong: a failed
-row passes through every later stage untouched and becomes a row of the failures table.
+row passes through every later stage untouched and becomes a row of the failures table. Between stages a
+row travels whole, as one packed value.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 from sapiens2.batch.cluster.storage import Place, read_bytes, write_outputs
-from sapiens2.batch.cluster.tables import RECORD, failure
+from sapiens2.batch.cluster.tables import RECORD, failure, packed, unpacked
 from sapiens2.batch.plan import Plan
 from sapiens2.batch.report import TASK_ERRORS, reason
 from sapiens2.outputs.results import TaskResult
@@ -68,17 +69,19 @@ def _cpu_context(job: Job) -> PipelineContext:
     return job.context(_cpu_runtime())
 
 
-def _rows(batch: pd.DataFrame) -> list[dict[str, Any]]:
-    return batch.to_dict("records")
-
-
-def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
-    """The rows as a batch of Python objects, which Ray moves between its workers as they are."""
-    return pd.DataFrame({name: pd.Series([row.get(name) for row in rows], dtype=object) for name in columns})
-
-
 ROW = ("source", "fs", "label", "directory", "stem")
-CARRIED = (*ROW, "error", "stage", "read_s", "decode_s", "nodes")
+ROWS = "rows"  # between stages, each row travels whole as one value (see `packed`)
+
+
+def _rows(batch: pd.DataFrame) -> list[dict[str, Any]]:
+    if ROWS in batch:
+        return [unpacked(data) for data in batch[ROWS]]
+    return batch.to_dict("records")  # the first stage: the input columns of `ROW`
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows as a batch of one column of bytes, which Ray moves between its workers as they are."""
+    return pd.DataFrame({ROWS: pd.Series([packed(row) for row in rows], dtype=object)})
 
 
 def _failed(row: dict[str, Any], stage: str, error: BaseException | str) -> None:
@@ -97,7 +100,7 @@ def read_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
         except Exception as error:  # a vanished file, a permission, a network error: this photo only
             _failed(row, "read", f"The file could not be read: {reason(error)}")
         row["read_s"] = time.perf_counter() - start
-    return _frame(rows, (*CARRIED, "data"))
+    return _frame(rows)
 
 
 def decode_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
@@ -121,7 +124,7 @@ def decode_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
         row["photo"] = Photo(image)
         if not uses_model:
             _cpu_steps(row, steps, context)
-    return _frame(rows, (*CARRIED, "photo"))
+    return _frame(rows)
 
 
 def _cpu_steps(row: dict[str, Any], steps: Sequence[Step], context: PipelineContext) -> None:
@@ -141,7 +144,7 @@ def cpu_stage(batch: pd.DataFrame, job: Job, group: int) -> pd.DataFrame:
     for row in rows:
         if not row.get("error"):
             _cpu_steps(row, job.groups()[group][1], context)
-    return _frame(rows, (*CARRIED, "photo"))
+    return _frame(rows)
 
 
 class ModelStage:
@@ -171,7 +174,7 @@ class ModelStage:
                 row["nodes"] = [*(row.get("nodes") or []), self.node]
             else:
                 _failed(row, self.steps[0].name, outcome)
-        return _frame(rows, (*CARRIED, "photo"))
+        return _frame(rows)
 
     def _run(self, photos: list[Photo]) -> list[Photo | str]:
         """The photos after the steps; when the batch fails, each photo is tried alone, as without --ray."""
@@ -219,7 +222,7 @@ def finish_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
                 records.append(_record(row, job, result, context.notes, written, seconds))
                 continue
         records.append(failure(row["label"], job.task, row["stage"], row["error"]))
-    return pd.DataFrame({RECORD: pd.Series(records, dtype=object)})
+    return pd.DataFrame({RECORD: pd.Series([packed(record) for record in records], dtype=object)})
 
 
 def _record(

@@ -12,7 +12,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from sapiens2.batch.inputs import IMAGE_EXTENSIONS, Source, not_a_file, output_places, printable
+from sapiens2.batch.inputs import (
+    Source,
+    folder_files,
+    is_input_name,
+    not_a_file,
+    output_places,
+    printable,
+)
 from sapiens2.batch.plan import Plan, write_image_outputs
 from sapiens2.batch.video import VIDEO_EXTENSIONS
 from sapiens2.outputs.results import TaskResult
@@ -86,7 +93,24 @@ def _problem(file: Place) -> str | None:
 
 
 def _key(file: Place) -> tuple[str, str]:
-    return type(file.filesystem).__name__, file.path
+    """What makes two inputs one file: a local file is one however it is reached (a link, `..`)."""
+    path = os.path.realpath(file.path) if file.is_local else file.path
+    return type(file.filesystem).__name__, path
+
+
+def _folder_files(where: Place, out: Place) -> list[tuple[str, ...]]:
+    """The photos and videos under a folder as their paths under it (parts): local folders are listed as
+    without --ray (links to folders not followed), others (no links there) in one listing, sorted the same."""
+    if where.is_local:
+        return folder_files(Path(where.path), Path(os.path.realpath(out.path)) if out.is_local else None)
+    skip = out.path.rstrip("/") + "/" if type(where.filesystem) is type(out.filesystem) else None
+    found = []
+    for entry in where.filesystem.get_file_info(pafs.FileSelector(where.path, recursive=True)):
+        relative = tuple(posixpath.relpath(entry.path, where.path).split("/"))
+        inside_out = skip is not None and entry.path.startswith(skip)
+        if _is_file(entry) and is_input_name(relative) and not inside_out:
+            found.append(relative)
+    return sorted(found)
 
 
 def find_inputs(texts: list[str], out: Place) -> tuple[list[Found], list[tuple[str, str]]]:
@@ -94,25 +118,14 @@ def find_inputs(texts: list[str], out: Place) -> tuple[list[Found], list[tuple[s
     left out), each once; and the inputs that cannot be read, each with its sentence."""
     candidates: list[Found] = []
     missing = []
-    extensions = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
     for text in texts:
         where = place(text)
         info = where.filesystem.get_file_info(where.path)
         if info.type == pafs.FileType.Directory:
-            selector = pafs.FileSelector(where.path, recursive=True)
-            for entry in sorted(where.filesystem.get_file_info(selector), key=lambda entry: entry.path):
-                relative = tuple(posixpath.relpath(entry.path, where.path).split("/"))
-                inside_out = type(where.filesystem) is type(out.filesystem) and (
-                    entry.path == out.path or entry.path.startswith(out.path.rstrip("/") + "/")
-                )
-                if (
-                    _is_file(entry)
-                    and not inside_out
-                    and not any(part.startswith(".") for part in relative)
-                    and posixpath.splitext(entry.path)[1].lower() in extensions
-                ):
-                    file = Place(where.filesystem, entry.path, where.shown(entry.path))
-                    candidates.append(Found(file, printable(file.text), relative))
+            for relative in _folder_files(where, out):
+                path = where.join(*relative)
+                file = Place(where.filesystem, path, where.shown(path))
+                candidates.append(Found(file, printable(file.text), relative))
         elif _is_file(info) or where.is_local:
             candidates.append(Found(where, printable(text), (posixpath.basename(where.path),)))
         else:
@@ -129,7 +142,7 @@ def find_inputs(texts: list[str], out: Place) -> tuple[list[Found], list[tuple[s
 
 def output_stems(found: list[Found], out: Place) -> list[tuple[str, str]]:
     """(output folder, stem) of each input, named as the command line without --ray names them."""
-    places = output_places([item.relative for item in found])
+    places = output_places([(item.relative, item.file.path) for item in found])
     return [(out.join(*folders), stem) for folders, stem in places]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import posixpath
 import uuid
 from collections import Counter
@@ -20,7 +21,7 @@ from ray.data.block import Block, BlockAccessor
 from sapiens2.batch.cluster.storage import Place
 
 PREDICTIONS, FAILURES = "predictions", "failures"
-RECORD = "record"  # the column that carries each finished row to the sink
+RECORD = "record"  # the column that carries each finished row to the sink, packed
 ROWS_PER_FILE = 1000  # rows gathered into one Parquet file (fewer when the run is smaller)
 BASE_COLUMNS = pa.schema(
     [
@@ -51,6 +52,18 @@ def failures_dir(out: Place) -> str:
 
 def failure(path: str, task: str, stage: str, reason: str) -> dict[str, str]:
     return {"path": path, "task": task, "stage": stage, "reason": reason}
+
+
+def packed(value: Any) -> bytes:
+    """`value` as bytes, which Arrow carries untouched between stages: converted, a column of dicts would
+    become one struct with every key of every row (a photo's record would gain a failure's `reason`), and
+    objects such as a photo on its way would be refused, then pickled with a warning."""
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpacked(data: bytes) -> Any:
+    """What `packed` made bytes of (written by this run's own stages)."""
+    return pickle.loads(data)
 
 
 def _array(values: Sequence[Any]) -> pa.Array:
@@ -145,7 +158,7 @@ class TableSink(Datasink):
 
     def write(self, blocks: Iterable[Block], ctx: Any) -> Totals:
         frames = [BlockAccessor.for_block(block).to_pandas() for block in blocks]
-        records = [record for frame in frames for record in frame[RECORD]]
+        records = [unpacked(record) for frame in frames for record in frame[RECORD]]
         photos = [record for record in records if "reason" not in record]
         failures = [record for record in records if "reason" in record]
         totals = Totals(failures=failures)
