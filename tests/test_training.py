@@ -230,6 +230,27 @@ def test_keypoint_count_differing_from_the_model_needs_new_labels(workspace, tmp
     assert "Pass --new-labels" in message
 
 
+def test_a_checkpoint_with_8_pixel_patches_trains_at_its_own_size(workspace, tmp_path):
+    """What inference runs, training takes: no --input-size, patch size 8, image_size 96x72."""
+    config = tiny_config(get_task("pose").kind.name, "0.4b", image_size=(96, 72), patch_size=8)
+    model = write_transformers_checkpoint(tmp_path / "model", config)
+    run = train(options("pose", workspace / "pose_data", model, tmp_path / "out", steps=1, input_size=None))
+    with torch.inference_mode():
+        heatmaps = run.model.eval()(torch.zeros(1, 3, 96, 72)).heatmaps
+    assert heatmaps.shape[-2:] == (48, 36)  # 12x9 patches doubled twice: the targets had this size
+
+
+def test_a_size_the_model_cannot_take_names_where_it_came_from(workspace, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(workspace / "depth_model", model)
+    (model / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 64, "width": 48}}))
+    arguments = ["depth", "--data", workspace / "depth_data", "--model", model, "--out", tmp_path / "out"]
+    status, message = _main(capsys, *arguments, "--steps", "1", "--workers", "0", "--no-progress")
+    assert status == 1 and "--input-size 64x48" not in message
+    assert "the size in the checkpoint's preprocessor_config.json 64x48 does not fit" in message
+    assert "train at --input-size 160x96" in message
+
+
 def test_bad_resume_folder_and_reused_out_folder(workspace, tmp_path, capsys):
     arguments = ["segment", "--data", workspace / "segment_data", "--model", workspace / "segment_model"]
     arguments += ["--steps", "1", "--input-size", "64x48", "--new-labels", "--workers", "0", "--no-progress"]

@@ -72,10 +72,11 @@ class PoseSamples(TaskSamples):
         sigma: float | None = None,
         seed: int = 0,
         augmentation: bool = True,
+        heatmap_size: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(records, settings, seed, augmentation)
         self.keypoints = keypoints
-        self.heatmap_size = (settings.height // 4, settings.width // 4)
+        self.heatmap_size = heatmap_size or (settings.height // 4, settings.width // 4)
         self.sigma = sigma or codecs.default_sigma(self.heatmap_size)
 
     def item(self, record: PoseRecord, rng: np.random.Generator | None) -> dict[str, torch.Tensor]:

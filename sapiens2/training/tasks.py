@@ -81,10 +81,12 @@ class TrainingTask:
         seed: int,
         sigma: float | None = None,
         augment: bool = True,
+        output_size: tuple[int, int] | None = None,
     ) -> samples.TaskSamples:
-        """The task's items of `records`, augmented (in training) when `augment`."""
+        """The task's items of `records`, augmented (in training) when `augment`; pose heatmap targets at the
+        model's `output_size` (default a quarter of the input)."""
         if self.name == "pose":
-            return samples.PoseSamples(records, settings, labels, sigma, seed, augment)
+            return samples.PoseSamples(records, settings, labels, sigma, seed, augment, output_size)
         if self.name == "segment":
             return samples.SegmentationSamples(records, settings, labels, seed, augment)
         kinds = {
