@@ -21,6 +21,7 @@ from tiny_models import tiny_config, write_transformers_checkpoint
 from sapiens2 import from_pretrained
 from sapiens2.tasks.registry import get_task
 from sapiens2.training import cli
+from sapiens2.training.records import curves_figure, log_interval
 from sapiens2.training.trainer import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,6 +156,28 @@ def test_resuming_after_a_stop_gives_the_uninterrupted_run(workspace, tmp_path):
     assert all(torch.equal(actual[name], expected[name]) for name in expected)
     steps = [row["step"] for row in _rows(tmp_path / "parts") if row["kind"] == "train"]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_short_run_logs_every_step(workspace, tmp_path, capsys):
+    arguments = ["segment", "--data", workspace / "segment_data", "--model", workspace / "segment_model"]
+    arguments += ["--out", tmp_path, "--steps", "4", "--input-size", "64x48", "--new-labels"]
+    assert _main(capsys, *arguments, "--workers", "0", "--no-progress")[0] == 0
+    assert [row["step"] for row in _rows(tmp_path) if row["kind"] == "train"] == [1, 2, 3, 4]
+
+
+def test_the_log_interval_gives_a_short_run_20_points_and_keeps_what_was_asked():
+    assert [log_interval(None, steps) for steps in (4, 100, 1000, 50_000)] == [1, 5, 10, 10]
+    assert log_interval(7, 4) == 7
+
+
+def test_curves_mark_each_logged_point_so_that_one_point_shows():
+    from matplotlib import pyplot
+
+    figure = curves_figure([{"kind": "train", "step": 5, "loss": 1.0, "loss/dice": 1.0, "lr": 1e-4}])
+    loss_axis, lr_axis = figure.axes[:2]
+    assert len(loss_axis.lines) == 2 and len(lr_axis.lines) == 1
+    assert all(line.get_marker() not in (None, "", "None") for line in [*loss_axis.lines, *lr_axis.lines])
+    pyplot.close(figure)
 
 
 def _inert(name: str) -> bool:
