@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -272,6 +273,23 @@ def test_a_size_the_model_cannot_take_names_where_it_came_from(workspace, tmp_pa
     assert status == 1 and "--input-size 64x48" not in message
     assert "the size in the checkpoint's preprocessor_config.json 64x48 does not fit" in message
     assert "train at --input-size 160x96" in message
+
+
+def test_the_offline_advice_names_flags_that_train_accepts(workspace, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SAPIENS2_CHECKPOINT_DIR", raising=False)
+    arguments = ["segment", "--data", workspace / "segment_data", "--model", "example/parts-model"]
+    arguments += ["--steps", "1", "--input-size", "64x48", "--new-labels", "--workers", "0", "--no-progress"]
+    status, message = _main(capsys, *arguments, "--out", tmp_path / "missing")
+    assert status == 1 and "--checkpoint-dir checkpoints" in message
+    accepted = {flag for action in cli.build_parser()._actions for flag in action.option_strings}
+    ours = re.sub(r"\(hf download [^)]*\)", "", message)  # the download command's own flags aside
+    advised = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", ours))
+    assert advised and advised <= accepted, advised - accepted
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(workspace / "segment_model", tmp_path / "checkpoints" / "example" / "parts-model")
+    status, message = _main(capsys, *arguments, "--out", tmp_path / "run", "--checkpoint-dir", "checkpoints")
+    assert status == 0, message
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
 
 def test_bad_resume_folder_and_reused_out_folder(workspace, tmp_path, capsys):
