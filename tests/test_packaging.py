@@ -59,3 +59,11 @@ def test_what_the_readme_makes_in_the_checkout_is_ignored_by_git(path):
         ["git", "check-ignore", "--quiet", "--no-index", path], cwd=ROOT, capture_output=True, timeout=30
     )
     assert checked.returncode == 0, f"{path} is not in .gitignore"
+
+
+def test_the_offline_section_says_where_the_default_detector_comes_from():
+    from sapiens2.vision.detector import DEFAULT_WEIGHTS
+
+    offline = (ROOT / "README.md").read_text().split("## Offline", 1)[1].split("\n## ", 1)[0]
+    assert f"https://github.com/ultralytics/assets/releases/download/v8.3.0/{DEFAULT_WEIGHTS}" in offline
+    assert "--detector" in offline and "SAPIENS2_DETECTOR" in offline
