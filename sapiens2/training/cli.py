@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sapiens2 train",
         description="Fine-tune a Sapiens2 task on your own data with the official recipe "
-        "(losses, AdamW with layer-wise decay, warmup then linear decay, gradient clipping at 2).",
+        "(losses, AdamW with layer-wise decay, warmup then linear decay, gradient clipping at 2, matting 4).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Dataset layouts:\n" + LAYOUTS.split("\n\n", 1)[1],
     )
@@ -90,8 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     recipe.add_argument(
         "--layer-decay",
         type=_positive(float),
-        default=0.8,
-        help="learning-rate factor per block from the head (0.8)",
+        help="learning-rate factor per block from the head (the task's official one: 0.8, matting 0.9)",
     )
     recipe.add_argument(
         "--warmup",

@@ -58,7 +58,7 @@ class TrainOptions:
     epochs: float | None = None
     batch_size: int = 2
     lr: float = 5e-4
-    layer_decay: float = 0.8
+    layer_decay: float | None = None  # the task's official one
     warmup: int | None = None
     precision: str | None = None
     grad_checkpointing: bool = False
@@ -238,8 +238,9 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
     global_batch = options.batch_size * world
     steps = total_steps(options, len(records), global_batch)
     warmup = optim.default_warmup(steps) if options.warmup is None else options.warmup
+    layer_decay = task.layer_decay if options.layer_decay is None else options.layer_decay
     optimizer, scheduler = optim.build_optimizer(
-        model, options.lr, options.layer_decay, warmup, steps, fused=accelerator.device.type == "cuda"
+        model, options.lr, layer_decay, warmup, steps, fused=accelerator.device.type == "cuda"
     )
     start = 0
     run = {"task": task.name, "seed": options.seed, "global_batch_size": global_batch, "total_steps": steps}
@@ -314,7 +315,7 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
                     terms = task.loss_terms(outputs, batch, labels)
                     loss = torch.stack(list(terms.values())).sum()
                 accelerator.backward(loss)
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), optim.MAX_GRAD_NORM)
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), task.max_grad_norm)
                 optimizer.step()
             except torch.OutOfMemoryError as error:
                 raise _out_of_memory(error) from error
