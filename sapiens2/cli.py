@@ -100,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser; task options come from the registry."""
     parser = argparse.ArgumentParser(
         prog="sapiens2",
-        description="Run Sapiens2 models on photos, folders of photos and videos.",
+        description="Run Sapiens2 models on photos, folders of photos and videos. To fine-tune a task on "
+        "your own data: sapiens2 train TASK --data DIR --model REPO_OR_PATH --out DIR (see sapiens2 train "
+        "--help).",
         epilog=(
             "Outputs: OUT/<input path under its folder, without extension>_<kind>.<ext>; videos give "
             f"<name>_<task>.webm (or .mp4){_frame_logs()}. Exit status: 0 when at least one input succeeded "

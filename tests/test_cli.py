@@ -89,6 +89,7 @@ def test_help_runs_as_a_program():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: sapiens2") and "--no-flip-test" in done.stdout
+    assert "sapiens2 train TASK --data DIR --model REPO_OR_PATH --out DIR" in " ".join(done.stdout.split())
 
 
 def test_every_registry_option_has_a_flag():

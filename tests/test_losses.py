@@ -26,6 +26,11 @@ NAMES = {
         "loss_normal": "normals",
         "loss_scale_l1": "scale",
     },
+    "matting": {
+        f"loss_{official}_{part}": f"{ours}_{target}"
+        for official, ours in (("l1", "l1"), ("grad", "gradient"), ("lap", "laplacian"))
+        for part, target in (("pha", "alpha"), ("fgr", "foreground"))
+    },
 }
 
 
@@ -51,11 +56,20 @@ def _recipe(task: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
         return losses.segmentation_recipe(inputs["logits"], inputs["labels"], weights)
     if task == "normal":
         return losses.normal_recipe(inputs["normals"], inputs["targets"], inputs["mask"])
+    if task == "matting":
+        outputs = inputs["outputs"]
+        return losses.matting_recipe(outputs[:, 3:], outputs[:, :3], inputs["labels"], inputs["mask"])
     names = ("pointmaps", "scales", "targets", "mask", "intrinsics", "target_scales")
     return losses.pointmap_recipe(*(inputs[name] for name in names))
 
 
-WRT = {"pose": ("heatmaps",), "seg": ("logits",), "normal": ("normals",), "pointmap": ("pointmaps", "scales")}
+WRT = {
+    "pose": ("heatmaps",),
+    "seg": ("logits",),
+    "normal": ("normals",),
+    "pointmap": ("pointmaps", "scales"),
+    "matting": ("outputs",),
+}
 
 
 @pytest.mark.parametrize("task", list(WRT))
@@ -70,6 +84,14 @@ def test_recipe_terms_and_gradients_match_official_heads(goldens, task):
     for name, gradient in zip(WRT[task], gradients, strict=True):
         expected = torch.from_numpy(goldens[f"{task}/grad/{name}"])
         assert float((gradient - expected).norm() / expected.norm()) <= TOLERANCE, name
+
+
+def test_the_matting_foreground_mask_is_the_official_one_without_foreground_labels(goldens):
+    # The golden's second photo has no foreground labels: the official pipeline trains where alpha is 0 or
+    # opaque.
+    labels, mask = (torch.from_numpy(goldens[f"matting/input/{name}"]) for name in ("labels", "mask"))
+    assert torch.equal(losses.foreground_mask(labels[1:, 3:]), mask[1:])
+    assert 0 < float(mask[1].mean()) < 1
 
 
 def test_fitted_intrinsics_recover_the_camera(goldens):
@@ -202,25 +224,20 @@ def test_models_without_reference_loss_return_their_recipe(task, tmp_path):
         assert set(expected) == set(losses.POINTMAP_WEIGHTS)
     else:
         labels = torch.rand(2, 4, *size, generator=generator)
-        images = torch.rand(2, 3, *size, generator=generator)
-        loss = model(pixel_values, labels=labels, images=images).loss
-        expected = losses.matting_recipe(output.alphas, output.foregrounds, labels, images)
+        loss = model(pixel_values, labels=labels, label_weights=mask).loss
+        expected = losses.matting_recipe(output.alphas, output.foregrounds, labels, mask)
         assert set(expected) == set(losses.MATTING_WEIGHTS)
     assert torch.allclose(loss, sum(expected.values()), rtol=1e-5)
     loss.backward()
     assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
 
 
-def test_matting_composition_is_zero_for_a_perfect_prediction():
+def test_matting_terms_are_zero_for_a_perfect_prediction():
     generator = torch.Generator().manual_seed(0)
-    alpha = torch.rand(1, 1, 8, 6, generator=generator)
-    colour, background = (
-        torch.rand(1, 3, 8, 6, generator=generator),
-        torch.rand(1, 3, 8, 6, generator=generator),
-    )
-    image = alpha * colour + (1 - alpha) * background
-    labels = torch.cat([alpha * colour, alpha], dim=1)
-    terms = losses.matting_recipe(alpha, alpha * colour, labels, image)
+    alpha = torch.rand(1, 1, 40, 36, generator=generator)
+    foreground = alpha * torch.rand(1, 3, 40, 36, generator=generator)
+    terms = losses.matting_recipe(alpha, foreground, torch.cat([foreground, alpha], dim=1))
+    assert set(terms) == set(losses.MATTING_WEIGHTS)
     assert all(value.abs().item() < 1e-6 for value in terms.values())
 
 

@@ -2,8 +2,11 @@
 
 import importlib.metadata
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,3 +42,28 @@ def test_readme_commands_work_after_the_readme_install():
     command = re.compile(r"\s*(python -m )?sapiens2 \w")
     commands = [line.strip() for line in readme.splitlines() if command.match(line)]
     assert commands and all(command.startswith("python -m sapiens2 ") for command in commands), commands
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "checkpoints/facebook/sapiens2-pose-0.4b/model.safetensors",  # the README's offline layout
+        "runs/pose/final/model.safetensors",  # the README's training outputs
+        "yolo11m.pt",  # the person detector ultralytics fetches into the working folder
+    ],
+)
+def test_what_the_readme_makes_in_the_checkout_is_ignored_by_git(path):
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    checked = subprocess.run(
+        ["git", "check-ignore", "--quiet", "--no-index", path], cwd=ROOT, capture_output=True, timeout=30
+    )
+    assert checked.returncode == 0, f"{path} is not in .gitignore"
+
+
+def test_the_offline_section_says_where_the_default_detector_comes_from():
+    from sapiens2.vision.detector import DEFAULT_WEIGHTS
+
+    offline = (ROOT / "README.md").read_text().split("## Offline", 1)[1].split("\n## ", 1)[0]
+    assert f"https://github.com/ultralytics/assets/releases/download/v8.3.0/{DEFAULT_WEIGHTS}" in offline
+    assert "--detector" in offline and "SAPIENS2_DETECTOR" in offline

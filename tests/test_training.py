@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from tiny_models import tiny_config, write_transformers_checkpoint
 from sapiens2 import from_pretrained
 from sapiens2.tasks.registry import get_task
 from sapiens2.training import cli
+from sapiens2.training.records import curves_figure, log_interval
 from sapiens2.training.trainer import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +159,28 @@ def test_resuming_after_a_stop_gives_the_uninterrupted_run(workspace, tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_short_run_logs_every_step(workspace, tmp_path, capsys):
+    arguments = ["segment", "--data", workspace / "segment_data", "--model", workspace / "segment_model"]
+    arguments += ["--out", tmp_path, "--steps", "4", "--input-size", "64x48", "--new-labels"]
+    assert _main(capsys, *arguments, "--workers", "0", "--no-progress")[0] == 0
+    assert [row["step"] for row in _rows(tmp_path) if row["kind"] == "train"] == [1, 2, 3, 4]
+
+
+def test_the_log_interval_gives_a_short_run_20_points_and_keeps_what_was_asked():
+    assert [log_interval(None, steps) for steps in (4, 100, 1000, 50_000)] == [1, 5, 10, 10]
+    assert log_interval(7, 4) == 7
+
+
+def test_curves_mark_each_logged_point_so_that_one_point_shows():
+    from matplotlib import pyplot
+
+    figure = curves_figure([{"kind": "train", "step": 5, "loss": 1.0, "loss/dice": 1.0, "lr": 1e-4}])
+    loss_axis, lr_axis = figure.axes[:2]
+    assert len(loss_axis.lines) == 2 and len(lr_axis.lines) == 1
+    assert all(line.get_marker() not in (None, "", "None") for line in [*loss_axis.lines, *lr_axis.lines])
+    pyplot.close(figure)
+
+
 def _inert(name: str) -> bool:
     """Biases of decode-head convs followed by InstanceNorm: they change no output, their true gradient is 0,
     and Adam turns its float noise into steps of +-lr, so they differ between reduction orders."""
@@ -228,6 +252,44 @@ def test_keypoint_count_differing_from_the_model_needs_new_labels(workspace, tmp
     assert status == 1
     assert "The dataset has 5 keypoints but --model" in message and "predicts 308" in message
     assert "Pass --new-labels" in message
+
+
+def test_a_checkpoint_with_8_pixel_patches_trains_at_its_own_size(workspace, tmp_path):
+    """What inference runs, training takes: no --input-size, patch size 8, image_size 96x72."""
+    config = tiny_config(get_task("pose").kind.name, "0.4b", image_size=(96, 72), patch_size=8)
+    model = write_transformers_checkpoint(tmp_path / "model", config)
+    run = train(options("pose", workspace / "pose_data", model, tmp_path / "out", steps=1, input_size=None))
+    with torch.inference_mode():
+        heatmaps = run.model.eval()(torch.zeros(1, 3, 96, 72)).heatmaps
+    assert heatmaps.shape[-2:] == (48, 36)  # 12x9 patches doubled twice: the targets had this size
+
+
+def test_a_size_the_model_cannot_take_names_where_it_came_from(workspace, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(workspace / "depth_model", model)
+    (model / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 64, "width": 48}}))
+    arguments = ["depth", "--data", workspace / "depth_data", "--model", model, "--out", tmp_path / "out"]
+    status, message = _main(capsys, *arguments, "--steps", "1", "--workers", "0", "--no-progress")
+    assert status == 1 and "--input-size 64x48" not in message
+    assert "the size in the checkpoint's preprocessor_config.json 64x48 does not fit" in message
+    assert "train at --input-size 160x96" in message
+
+
+def test_the_offline_advice_names_flags_that_train_accepts(workspace, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SAPIENS2_CHECKPOINT_DIR", raising=False)
+    arguments = ["segment", "--data", workspace / "segment_data", "--model", "example/parts-model"]
+    arguments += ["--steps", "1", "--input-size", "64x48", "--new-labels", "--workers", "0", "--no-progress"]
+    status, message = _main(capsys, *arguments, "--out", tmp_path / "missing")
+    assert status == 1 and "--checkpoint-dir checkpoints" in message
+    accepted = {flag for action in cli.build_parser()._actions for flag in action.option_strings}
+    ours = re.sub(r"\(hf download [^)]*\)", "", message)  # the download command's own flags aside
+    advised = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", ours))
+    assert advised and advised <= accepted, advised - accepted
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(workspace / "segment_model", tmp_path / "checkpoints" / "example" / "parts-model")
+    status, message = _main(capsys, *arguments, "--out", tmp_path / "run", "--checkpoint-dir", "checkpoints")
+    assert status == 0, message
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
 
 def test_bad_resume_folder_and_reused_out_folder(workspace, tmp_path, capsys):

@@ -269,3 +269,11 @@ def test_training_photos_above_the_pixel_limit_are_refused_before_decoding(tmp_p
         datasets.load_rgb(huge)
     monkeypatch.setenv("SAPIENS2_MAX_MEGAPIXELS", "40")
     assert datasets.photo_size(huge) == (5000, 6000)
+
+
+def test_matting_trains_with_the_layer_decay_and_clipping_of_its_official_config():
+    from sapiens2.training.tasks import get_training_task
+
+    matting, pose = get_training_task("matting"), get_training_task("pose")
+    assert (matting.layer_decay, matting.max_grad_norm) == (0.9, 4.0)
+    assert (pose.layer_decay, pose.max_grad_norm) == (0.8, 2.0)

@@ -2,11 +2,13 @@
 
     python tools/upstream_loss_goldens.py /path/to/facebookresearch/sapiens2 [--out tests/data/...npz]
 
-For each task, the decode head of the official 0.4b 1024x768 config is built with tiny widths and the
-config's own `loss_decode` list, and its `loss` method runs on seeded random predictions and targets; the
-terms are reduced the way the official runner does (`BaseModel.parse_losses`). The file holds the inputs,
-every term, and the gradient of their sum with respect to the predictions. tests/test_losses.py compares
-sapiens2.models.losses against it; the tests never import the upstream code.
+For each task, the decode head of the official 0.4b 1024x768 config (matting: 1b, its only size) is built
+with tiny widths and the config's own `loss_decode` list, and its `loss` method runs on seeded random
+predictions and targets; the terms are reduced the way the official runner does (`BaseModel.parse_losses`).
+The file holds the inputs, every term, and the gradient of their sum with respect to the predictions.
+tests/test_losses.py compares sapiens2.models.losses against it; the tests never import the upstream code.
+The matting losses and head (`sapiens/dense/src/models/{losses/matting_loss.py,heads/matting_head.py}`) came
+after the repository's first commit: the checkout must hold them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ CONFIGS = {
     "sapiens2_0.4b_normal_metasim_render_people-1024x768.py",
     "pointmap": "sapiens/dense/configs/pointmap/render_people/"
     "sapiens2_0.4b_pointmap_render_people-1024x768.py",
+    "matting": "sapiens/dense/configs/matting/gss_p3m_metasim/"
+    "sapiens2_1b_matting_gss_p3m_metasim-1024x768.py",  # the one size released
 }
 TINY = 4  # head widths: the loss does not depend on them
 
@@ -129,6 +133,25 @@ def pointmap(root: Path, generator: torch.Generator, out: dict) -> None:
     _record(out, "pointmap", inputs, _parse(losses), {"pointmaps": pointmaps, "scales": scales})
 
 
+def matting(root: Path, generator: torch.Generator, out: dict) -> None:
+    """One batch as the official combined datasets mix them: the first photo with its foreground labels
+    (every pixel counts), the second without, where `MattingPackInputs` takes the photo's colours at opaque
+    pixels and trains the foreground only where alpha is 0 or at least 254/255."""
+    head = _head(root, "matting", upsample_channels=[TINY], conv_out_channels=[TINY], conv_kernel_sizes=[3])
+    batch, height, width = 2, 34, 32  # an odd half (17) on the way down the Laplacian pyramid
+    alphas = torch.rand(batch, 1, height, width, generator=generator)
+    alphas[:, :, :10] = 0.0
+    alphas[:, :, 24:] = 1.0
+    photos = torch.rand(batch, 3, height, width, generator=generator)
+    opaque = alphas >= 0.996
+    foregrounds = torch.cat([photos[:1] * alphas[:1], photos[1:] * opaque[1:]])
+    mask = torch.cat([torch.ones_like(opaque[:1]), opaque[1:] | (alphas[1:] == 0.0)])
+    outputs = torch.rand(batch, 4, height, width, generator=generator).requires_grad_()
+    losses, _ = head.loss(outputs, {"gt_alpha": alphas, "gt_foreground": foregrounds, "mask": mask})
+    inputs = {"outputs": outputs, "labels": torch.cat([foregrounds, alphas], dim=1), "mask": mask.float()}
+    _record(out, "matting", inputs, _parse(losses), {"outputs": outputs})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("upstream", type=Path, help="a checkout of facebookresearch/sapiens2")
@@ -140,7 +163,7 @@ def main() -> None:
     import sapiens.pose.src.models  # noqa: F401
 
     out: dict[str, np.ndarray] = {}
-    for seed, make in enumerate((pose, seg, normal, pointmap)):
+    for seed, make in enumerate((pose, seg, normal, pointmap, matting)):
         make(args.upstream, torch.Generator().manual_seed(seed), out)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **out)

@@ -195,6 +195,13 @@ class Sapiens2Config:
         """(rows, columns) of patch tokens the transformer blocks see for an input of `input_size`."""
         return input_size[0] // self.token_size[0], input_size[1] // self.token_size[1]
 
+    def head_output_size(self, input_size: tuple[int, int]) -> tuple[int, int]:
+        """(height, width) of the decode head's maps for an input of `input_size`: the token grid doubled by
+        each upsampling block."""
+        rows, columns = self.token_grid(input_size)
+        scale = 2 ** len(self.head_config.upsample_out_channels or []) if self.head_config else 1
+        return rows * scale, columns * scale
+
     @property
     def architecture(self) -> str:
         """The model class name this config was saved for."""

@@ -4,8 +4,9 @@ A kind is the word in an official repo id (`facebook/sapiens2-<kind>-<size>`) an
 (`sapiens2_<size>_<kind>.safetensors`). It fixes the model class, the labels, the decode head of each size
 (from the official 1024x768 configs `sapiens/pose/configs/keypoints308/...` and
 `sapiens/dense/configs/{seg,normal,pointmap}/...`) and whether photos are padded to the model's aspect.
-The official repository has no matting model: the matting head here is an assumption (the 1b normal-head
-layout with 4 outputs, pixel-shuffle upsampling as transformers describes `Sapiens2ForImageMatting`).
+The matting head is the official 1b one (`sapiens/dense/configs/matting/gss_p3m_metasim/
+sapiens2_1b_matting_gss_p3m_metasim-1024x768.py` and `sapiens/dense/src/models/heads/matting_head.py`): the 1b
+normal-head layout, pixel-shuffle upsampling, 4 sigmoid outputs (premultiplied RGB, then alpha).
 """
 
 from __future__ import annotations

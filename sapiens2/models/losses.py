@@ -3,9 +3,9 @@
 `pose_loss` and `segmentation_loss` are what transformers computes for `labels=`. The `*_recipe` functions
 combine the terms the official 1024x768 training configs use, with their weights (facts carried over from
 `facebookresearch/sapiens2`, `sapiens/{pose,dense}/configs`); each returns its weighted terms by name, and
-the training loss is their sum. Matting has no official recipe: `matting_recipe` is a standard combination
-(alpha L1, the composition L1 of Deep Image Matting, Xu et al. 2017, and a foreground L1 where alpha > 0 as in
-FBA Matting, Forte and Pitie 2020), each weighted 1.
+the training loss is their sum. Matting follows the official 1b config
+(`sapiens/dense/configs/matting/gss_p3m_metasim/sapiens2_1b_matting_gss_p3m_metasim-1024x768.py`): L1, Sobel
+gradient and Laplacian-pyramid losses, each weighted 1, on the alpha and on the foreground.
 
 Masks are float or bool tensors, 1 where a pixel is labelled; a term with no labelled pixel is 0. Every
 recipe term counts as 0 when it is not finite, as the official heads do.
@@ -33,7 +33,9 @@ POINTMAP_WEIGHTS = {
     "normals": 2.0,
     "scale": 4.0,
 }
-MATTING_WEIGHTS = {"alpha": 1.0, "composition": 1.0, "foreground": 1.0}
+MATTING_WEIGHTS = {
+    f"{name}_{target}": 1.0 for name in ("l1", "gradient", "laplacian") for target in ("alpha", "foreground")
+}
 # Relative pointmap terms (divided by the mean labelled depth) are capped at this value, after weighting.
 POINTMAP_RELATIVE_CAP = 4.0
 # Per-class cross-entropy weights of the official 29-class body-part recipe.
@@ -329,46 +331,93 @@ def _line_fit(a: Tensor, b: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
 # ---- matting recipe -------------------------------------------------------------------------------------
 
 
-def alpha_l1_loss(alphas: Tensor, target_alphas: Tensor) -> Tensor:
-    """Mean |predicted - target| alpha (B, 1, H, W)."""
-    return F.l1_loss(alphas, target_alphas)
+def matting_l1_loss(prediction: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Mean |x - y| over every element of (B, C, H, W), the pixels outside `mask` (B, 1, H, W) counting as
+    0 (so a mask without any pixel gives 0)."""
+    error = (prediction - target).abs()
+    return (error if mask is None else error * mask).mean()
 
 
-def composition_l1_loss(alphas: Tensor, foregrounds: Tensor, images: Tensor, backgrounds: Tensor) -> Tensor:
-    """Mean |F + (1 - alpha) B - I| of the predicted premultiplied foregrounds F (B, 3, H, W) and alphas
-    (B, 1, H, W) composited over backgrounds B, against the images I (B, 3, H, W), all in [0, 1]."""
-    return F.l1_loss(foregrounds + (1 - alphas) * backgrounds, images)
+def sobel_magnitude(maps: Tensor, eps: float = 1e-6) -> Tensor:
+    """sqrt(gx^2 + gy^2 + eps) per channel of (B, C, H, W), the 3x3 Sobel gradients of the maps reflected at
+    their borders."""
+    kernel = torch.tensor([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], dtype=maps.dtype, device=maps.device)
+    kernels = torch.stack([kernel, kernel.T])[:, None]  # d/dx, d/dy
+    batch, channels, height, width = maps.shape
+    padded = F.pad(maps.reshape(batch * channels, 1, height, width), (1, 1, 1, 1), mode="reflect")
+    gradients = F.conv2d(padded, kernels).reshape(batch, channels, 2, height, width)
+    return (gradients.square().sum(2) + eps).sqrt()
 
 
-def foreground_l1_loss(foregrounds: Tensor, target_foregrounds: Tensor, target_alphas: Tensor) -> Tensor:
-    """|predicted - target| premultiplied foreground (B, 3, H, W) summed over channels, averaged over the
-    pixels whose target alpha (B, 1, H, W) is above 0."""
-    return masked_l1_loss(foregrounds, target_foregrounds, target_alphas > 0)
+def matting_gradient_loss(prediction: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+    """`matting_l1_loss` of the Sobel gradient magnitudes of prediction and target."""
+    return matting_l1_loss(sobel_magnitude(prediction), sobel_magnitude(target), mask)
 
 
-def matting_backgrounds(images: Tensor, labels: Tensor, opaque: float = 0.999) -> Tensor:
-    """Backgrounds (B, 3, H, W) implied by images (B, 3, H, W) and labels (B, 4, H, W) of premultiplied
-    foreground + alpha: (I - F) / (1 - alpha) in [0, 1], and the image itself where alpha > `opaque`."""
-    foreground, alpha = labels[:, :3], labels[:, 3:]
-    seen = alpha <= opaque
-    implied = (images - foreground) / torch.where(seen, 1 - alpha, 1)
-    return torch.where(seen, implied.clamp(0, 1), images)
+def _gaussian_5x5(maps: Tensor) -> Tensor:
+    """Each channel blurred by the 5x5 binomial kernel (1 4 6 4 1)^2 / 256, reflected at the borders."""
+    row = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0], dtype=maps.dtype, device=maps.device)
+    kernel = (row[:, None] * row[None, :] / 256)[None, None]
+    batch, channels, height, width = maps.shape
+    padded = F.pad(maps.reshape(batch * channels, 1, height, width), (2, 2, 2, 2), mode="reflect")
+    return F.conv2d(padded, kernel).reshape(batch, channels, height, width)
+
+
+def laplacian_pyramid(maps: Tensor, levels: int = 5) -> list[Tensor]:
+    """`levels - 1` band-pass levels (each map cropped to even sides minus its blurred, halved and re-doubled
+    copy), then the last low-pass map."""
+    pyramid = []
+    for _ in range(levels - 1):
+        maps = maps[:, :, : maps.shape[2] // 2 * 2, : maps.shape[3] // 2 * 2]
+        halved = _gaussian_5x5(maps)[:, :, ::2, ::2]
+        doubled = torch.zeros_like(maps)
+        doubled[:, :, ::2, ::2] = halved * 4
+        pyramid.append(maps - _gaussian_5x5(doubled))
+        maps = halved
+    return [*pyramid, maps]
+
+
+def matting_laplacian_loss(
+    prediction: Tensor, target: Tensor, mask: Tensor | None = None, levels: int = 5
+) -> Tensor:
+    """Mean over the `laplacian_pyramid` levels l of 2^l x `matting_l1_loss` of the levels of prediction and
+    target, the mask resized (nearest) to each level."""
+    total = prediction.new_zeros(())
+    pairs = zip(laplacian_pyramid(prediction, levels), laplacian_pyramid(target, levels), strict=True)
+    for level, (predicted, expected) in enumerate(pairs):
+        if mask is not None:
+            level_mask = F.interpolate(mask.to(prediction.dtype), size=predicted.shape[2:], mode="nearest")
+            predicted, expected = predicted * level_mask, expected * level_mask
+        total = total + 2**level * matting_l1_loss(predicted, expected)
+    return total / levels
+
+
+def foreground_mask(alphas: Tensor, opaque: float = 0.996) -> Tensor:
+    """Where a photo's own colours are its foreground's (B, 1, H, W): opaque (alpha >= 254/255) or fully
+    transparent pixels, the pixels the official recipe trains the foreground on when none is given."""
+    return ((alphas >= opaque) | (alphas == 0)).to(alphas.dtype)
+
+
+_MATTING_TERMS = {
+    "l1": matting_l1_loss,
+    "gradient": matting_gradient_loss,
+    "laplacian": matting_laplacian_loss,
+}
 
 
 def matting_recipe(
-    alphas: Tensor, foregrounds: Tensor, labels: Tensor, images: Tensor | None
+    alphas: Tensor, foregrounds: Tensor, labels: Tensor, foreground_weights: Tensor | None = None
 ) -> dict[str, Tensor]:
-    """Alpha L1 + composition L1 (with `matting_backgrounds`, when the images in [0, 1] are given) +
-    foreground L1 where alpha > 0; labels (B, 4, H, W) are premultiplied RGB foreground then alpha."""
+    """Official matting terms: L1, Sobel-gradient L1 and Laplacian-pyramid L1, each on the alpha and on the
+    premultiplied foreground; labels (B, 4, H, W) are premultiplied RGB foreground then alpha, and
+    `foreground_weights` (B, 1, H, W) the pixels whose foreground label is known (all without it)."""
     alphas, foregrounds = _resized(alphas.float(), labels), _resized(foregrounds.float(), labels)
-    terms = {
-        "alpha": alpha_l1_loss(alphas, labels[:, 3:]),
-        "foreground": foreground_l1_loss(foregrounds, labels[:, :3], labels[:, 3:]),
-    }
-    if images is not None:
-        terms["composition"] = composition_l1_loss(
-            alphas, foregrounds, images, matting_backgrounds(images, labels)
-        )
+    target_foregrounds, target_alphas = labels[:, :3], labels[:, 3:]
+    mask = None if foreground_weights is None else (foreground_weights > 0).to(alphas.dtype)
+    terms = {}
+    for name, loss in _MATTING_TERMS.items():
+        terms[f"{name}_alpha"] = loss(alphas, target_alphas)
+        terms[f"{name}_foreground"] = loss(foregrounds, target_foregrounds, mask)
     return _weighted(terms, MATTING_WEIGHTS)
 
 

@@ -254,16 +254,16 @@ class Sapiens2ForImageMatting(DenseTaskModel):
         return super().build_head(config)
 
     def forward(
-        self, pixel_values: Tensor, labels: Tensor | None = None, images: Tensor | None = None
+        self, pixel_values: Tensor, labels: Tensor | None = None, label_weights: Tensor | None = None
     ) -> Sapiens2ImageMattingOutput:
         """Alphas and foregrounds; with `labels` (B, 4, H, W), premultiplied RGB foreground then alpha in
-        [0, 1], the loss of `losses.matting_recipe` (its composition term needs the `images` (B, 3, H, W)
-        in [0, 1] that the inputs were made from)."""
+        [0, 1], the loss of `losses.matting_recipe`, its foreground terms over the pixels of `label_weights`
+        (B, 1, H, W) > 0 (all without it)."""
         matting = self.decode_head(self.features(pixel_values)).sigmoid()
         alphas, foregrounds = matting[:, 3:], matting[:, :3]
         loss = None
         if labels is not None:
-            loss = _total(losses.matting_recipe(alphas, foregrounds, labels.float(), images))
+            loss = _total(losses.matting_recipe(alphas, foregrounds, labels.float(), label_weights))
         return Sapiens2ImageMattingOutput(alphas=alphas, foregrounds=foregrounds, loss=loss)
 
 

@@ -27,7 +27,7 @@ from sapiens2.runtime.jobs import check_cancelled
 from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
 from sapiens2.vision.detector import Detections, PersonDetector, YoloPersonDetector
 from sapiens2.vision.images import LoadedImage, load_image
-from sapiens2.vision.processing import ProcessorSettings
+from sapiens2.vision.processing import ProcessorSettings, size_text
 
 DEFAULT_BATCH_SIZE = 8
 COMPILE_ENV = "SAPIENS2_COMPILE"
@@ -124,7 +124,7 @@ class Runtime:
             else:
                 settings = ProcessorSettings.from_pretrained_dir(directory, kind, config.image_size)
             if not config.accepts_input_size(settings.size):
-                built, asked = _size_text(config.image_size), _size_text(settings.size)
+                built, asked = size_text(config.image_size), size_text(settings.size)
                 raise ConfigError(
                     f"{hub.display_name(repo_id)} was built for {built} inputs (image_size in its "
                     f"config.json) and cannot run at the {asked} that its preprocessor_config.json asks for. "
@@ -272,10 +272,6 @@ class Runtime:
         if not lines:
             return None
         return "First use downloads " + " and ".join(lines) + "; later runs reuse it."
-
-
-def _size_text(size: tuple[int, int]) -> str:
-    return f"{size[0]}x{size[1]}"
 
 
 def _concatenated(chunks: Sequence[Any]) -> Any:

@@ -6,9 +6,9 @@ jitter (p 0.8). Segmentation: random scale (0.4 to 2 of the fitted size), crop (
 to 60 degrees, new pixels background), flip (p 0.5) with left / right classes swapped, colour jitter, blur
 and noise (p 0.3 each). Normals and depth: colour jitter, random scale (p 0.3, 0.5 to 2) and crop (p 0.3,
 aspect 0.5 to 2, area 0.4 to 1), flip (p 0.3; normals' x negated, the camera mirrored), then normals add
-blur, noise and solarization (p 0.3 each). Matting (no official recipe): scale, crop and flip only, so the
-photo's colours keep matching its foreground. Left out: the half-body crop, the albumentations blur and
-dropout of pose, and the down-up sampling of normals.
+blur, noise and solarization (p 0.3 each). Matting: scale, crop and flip only, so the photo's colours keep
+matching its foreground (the official config also compresses to JPEG, rotates and distorts colours). Left
+out: the half-body crop, the albumentations blur and dropout of pose, and the down-up sampling of normals.
 """
 
 from __future__ import annotations

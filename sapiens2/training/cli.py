@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sapiens2.errors import CheckpointError, ConfigError, TrainingError
+from sapiens2.models.hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
 from sapiens2.training import optim
 from sapiens2.training.datasets import __doc__ as LAYOUTS
 from sapiens2.training.tasks import TASKS
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sapiens2 train",
         description="Fine-tune a Sapiens2 task on your own data with the official recipe "
-        "(losses, AdamW with layer-wise decay, warmup then linear decay, gradient clipping at 2).",
+        "(losses, AdamW with layer-wise decay, warmup then linear decay, gradient clipping at 2, matting 4).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Dataset layouts:\n" + LAYOUTS.split("\n\n", 1)[1],
     )
@@ -64,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REPO_OR_PATH",
         help="the checkpoint to start from: a task model (e.g. facebook/sapiens2-pose-0.4b) or a pretrained "
         "backbone (facebook/sapiens2-pretrain-0.4b, which gets a new head); a Hub id, folder or .safetensors",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"local checkpoints: a --model repo id is read from DIR/<repo id>/ before the Hub (sets "
+        f"{CHECKPOINT_DIR_ENV})",
     )
     parser.add_argument(
         "--out", required=True, type=Path, metavar="DIR", help="where checkpoints and logs go"
@@ -82,8 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     recipe.add_argument(
         "--layer-decay",
         type=_positive(float),
-        default=0.8,
-        help="learning-rate factor per block from the head (0.8)",
+        help="learning-rate factor per block from the head (the task's official one: 0.8, matting 0.9)",
     )
     recipe.add_argument(
         "--warmup",
@@ -187,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        if args.checkpoint_dir is not None:
+            use_checkpoint_dir(args.checkpoint_dir)
         run = train(options_from(args))
     except (TrainingError, CheckpointError, ConfigError) as error:
         print(f"sapiens2 train: {error}", file=sys.stderr)

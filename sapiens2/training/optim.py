@@ -16,6 +16,10 @@ WEIGHT_DECAY = 0.1
 WARMUP_START = 1e-3  # the warmup's first learning rate, as a fraction of the peak
 OFFICIAL_WARMUP = 500
 MAX_GRAD_NORM = 2.0
+OFFICIAL_LAYER_DECAY = 0.8
+# sapiens/dense/configs/matting/gss_p3m_metasim/sapiens2_1b_matting_gss_p3m_metasim-1024x768.py
+MATTING_LAYER_DECAY = 0.9
+MATTING_MAX_GRAD_NORM = 4.0
 
 
 def layer_id(name: str, num_layers: int) -> int:

@@ -9,6 +9,16 @@ from typing import Any
 
 METRICS_NAME = "metrics.jsonl"
 CURVES_NAME = "curves.png"
+DEFAULT_LOG_EVERY = 10
+MIN_LOGGED_POINTS = 20
+
+
+def log_interval(requested: int | None, total_steps: int) -> int:
+    """Steps between logged rows: the one asked for, else 10, or fewer so that a shorter run still logs
+    about 20 points."""
+    if requested is not None:
+        return requested
+    return max(1, min(DEFAULT_LOG_EVERY, total_steps // MIN_LOGGED_POINTS))
 
 
 class RunRecord:
@@ -33,35 +43,43 @@ class RunRecord:
 
     def plot(self, path: Path | None = None) -> Path:
         """Draw curves.png from the rows so far."""
-        import matplotlib
-
-        matplotlib.use("Agg")
         from matplotlib import pyplot
 
-        rows = self.rows()
-        train = [row for row in rows if row.get("kind") == "train"]
-        validation = [row for row in rows if row.get("kind") == "val"]
-        val_names = [
-            name for name in (validation[-1] if validation else {}) if name not in ("kind", "step", "epoch")
-        ]
-        val_names = [name for name in val_names if "/" not in name][:4]  # per-class IoUs stay in the file
-        figure, axes = pyplot.subplots(
-            1, 2 + len(val_names), figsize=(5 * (2 + len(val_names)), 3.6), squeeze=False
-        )
-        loss_axis, lr_axis = axes[0][0], axes[0][1]
-        steps = [row["step"] for row in train]
-        for name in [key for key in (train[-1] if train else {}) if key == "loss" or key.startswith("loss/")]:
-            loss_axis.plot(steps, [row.get(name) for row in train], label=name)
-        loss_axis.set(title="training loss", xlabel="step", yscale="log" if train else "linear")
-        if train:
-            loss_axis.legend(fontsize=7)
-        lr_axis.plot(steps, [row.get("lr") for row in train])
-        lr_axis.set(title="peak learning rate", xlabel="step")
-        for axis, name in zip(axes[0][2:], val_names, strict=True):
-            axis.plot([row["step"] for row in validation], [row.get(name) for row in validation], marker="o")
-            axis.set(title=f"validation {name}", xlabel="step")
-        figure.tight_layout()
+        figure = curves_figure(self.rows())
         path = path or self.path.with_name(CURVES_NAME)
         figure.savefig(path, dpi=90)
         pyplot.close(figure)
         return path
+
+
+def curves_figure(rows: list[dict[str, Any]]):
+    """The loss terms and learning rate against steps, and one panel per validation metric; every logged
+    point is marked, so that a run of a few steps still shows its points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    train = [row for row in rows if row.get("kind") == "train"]
+    validation = [row for row in rows if row.get("kind") == "val"]
+    val_names = [
+        name for name in (validation[-1] if validation else {}) if name not in ("kind", "step", "epoch")
+    ]
+    val_names = [name for name in val_names if "/" not in name][:4]  # per-class IoUs stay in the file
+    figure, axes = pyplot.subplots(
+        1, 2 + len(val_names), figsize=(5 * (2 + len(val_names)), 3.6), squeeze=False
+    )
+    loss_axis, lr_axis = axes[0][0], axes[0][1]
+    steps = [row["step"] for row in train]
+    for name in [key for key in (train[-1] if train else {}) if key == "loss" or key.startswith("loss/")]:
+        loss_axis.plot(steps, [row.get(name) for row in train], marker=".", label=name)
+    loss_axis.set(title="training loss", xlabel="step", yscale="log" if train else "linear")
+    if train:
+        loss_axis.legend(fontsize=7)
+    lr_axis.plot(steps, [row.get("lr") for row in train], marker=".")
+    lr_axis.set(title="peak learning rate", xlabel="step")
+    for axis, name in zip(axes[0][2:], val_names, strict=True):
+        axis.plot([row["step"] for row in validation], [row.get(name) for row in validation], marker="o")
+        axis.set(title=f"validation {name}", xlabel="step")
+    figure.tight_layout()
+    return figure

@@ -72,10 +72,11 @@ class PoseSamples(TaskSamples):
         sigma: float | None = None,
         seed: int = 0,
         augmentation: bool = True,
+        heatmap_size: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(records, settings, seed, augmentation)
         self.keypoints = keypoints
-        self.heatmap_size = (settings.height // 4, settings.width // 4)
+        self.heatmap_size = heatmap_size or (settings.height // 4, settings.width // 4)
         self.sigma = sigma or codecs.default_sigma(self.heatmap_size)
 
     def item(self, record: PoseRecord, rng: np.random.Generator | None) -> dict[str, torch.Tensor]:
@@ -220,7 +221,9 @@ def canonical_pointmap(depth: np.ndarray, camera: np.ndarray, mask: np.ndarray) 
 
 
 class MattingSamples(TaskSamples):
-    """Photos with labels (4, H, W): premultiplied foreground then alpha, and the photo in [0, 1]."""
+    """Photos with labels (4, H, W), premultiplied foreground then alpha, and the pixels whose foreground is
+    known: all with a foreground file, else where the photo's colours are the foreground's
+    (`losses.foreground_mask`)."""
 
     def item(self, record: DenseRecord, rng: np.random.Generator | None) -> dict[str, torch.Tensor]:
         image = datasets.load_rgb(record.image)
@@ -239,8 +242,11 @@ class MattingSamples(TaskSamples):
         alpha = np.clip(sample.maps["alpha"], 0, 1)[..., None]
         foreground = sample.maps.get("foreground", photo)
         labels = np.concatenate([foreground * alpha, alpha], axis=-1).transpose(2, 0, 1)
+        labels = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
+        given = "foreground" in sample.maps
+        known = torch.ones_like(labels[3:]) if given else losses.foreground_mask(labels[3:])
         return {
             "pixel_values": pixel_values(sample.image, self.settings),
-            "labels": torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32)),
-            "images": torch.from_numpy(np.ascontiguousarray(photo.transpose(2, 0, 1))),
+            "labels": labels,
+            "foreground_weights": known,
         }

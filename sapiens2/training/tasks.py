@@ -16,7 +16,7 @@ from sapiens2.models import losses
 from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import ModelKind
 from sapiens2.tasks.registry import Task, get_task
-from sapiens2.training import datasets, metrics, samples
+from sapiens2.training import datasets, metrics, optim, samples
 from sapiens2.training.datasets import ClassSet, KeypointSet
 from sapiens2.vision.processing import ProcessorSettings
 
@@ -50,6 +50,17 @@ class TrainingTask:
         return tuple(self.kind.labels()["id2label"].values())
 
     @property
+    def layer_decay(self) -> float:
+        """The official layer-wise learning-rate decay: 0.9 in the matting (1b) config, 0.8 in the 0.4b
+        ones."""
+        return optim.MATTING_LAYER_DECAY if self.name == "matting" else optim.OFFICIAL_LAYER_DECAY
+
+    @property
+    def max_grad_norm(self) -> float:
+        """The official gradient clipping norm: 4 in the matting (1b) config, 2 in the 0.4b ones."""
+        return optim.MATTING_MAX_GRAD_NORM if self.name == "matting" else optim.MAX_GRAD_NORM
+
+    @property
     def label_noun(self) -> str:
         """What the head's outputs are called in messages: keypoints, or classes."""
         return "keypoints" if self.name == "pose" else "classes"
@@ -81,10 +92,12 @@ class TrainingTask:
         seed: int,
         sigma: float | None = None,
         augment: bool = True,
+        output_size: tuple[int, int] | None = None,
     ) -> samples.TaskSamples:
-        """The task's items of `records`, augmented (in training) when `augment`."""
+        """The task's items of `records`, augmented (in training) when `augment`; pose heatmap targets at the
+        model's `output_size` (default a quarter of the input)."""
         if self.name == "pose":
-            return samples.PoseSamples(records, settings, labels, sigma, seed, augment)
+            return samples.PoseSamples(records, settings, labels, sigma, seed, augment, output_size)
         if self.name == "segment":
             return samples.SegmentationSamples(records, settings, labels, seed, augment)
         kinds = {
@@ -113,7 +126,9 @@ class TrainingTask:
                 batch["intrinsics"],
                 batch["scales"],
             )
-        return losses.matting_recipe(outputs.alphas, outputs.foregrounds, batch["labels"], batch["images"])
+        return losses.matting_recipe(
+            outputs.alphas, outputs.foregrounds, batch["labels"], batch["foreground_weights"]
+        )
 
     def metric(self, settings: ProcessorSettings, labels: Labels) -> metrics.Metric:
         if self.name == "pose":

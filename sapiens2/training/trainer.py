@@ -17,7 +17,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from sapiens2.training.modeling import load_trainable
 from sapiens2.training.records import RunRecord
 from sapiens2.training.samples import TaskSamples
 from sapiens2.training.tasks import TrainingTask, get_training_task
-from sapiens2.vision.processing import ProcessorSettings
+from sapiens2.vision.processing import ProcessorSettings, size_text
 
 log = logging.getLogger("sapiens2.train")
 
@@ -58,7 +58,7 @@ class TrainOptions:
     epochs: float | None = None
     batch_size: int = 2
     lr: float = 5e-4
-    layer_decay: float = 0.8
+    layer_decay: float | None = None  # the task's official one
     warmup: int | None = None
     precision: str | None = None
     grad_checkpointing: bool = False
@@ -135,33 +135,31 @@ class _StopRequest:
 
 def training_settings(
     options: TrainOptions, task: TrainingTask, source: str, image_size: tuple[int, int]
-) -> ProcessorSettings:
+) -> tuple[ProcessorSettings, str]:
     """The input size and normalization, as inference would use them: the checkpoint's
-    preprocessor_config.json, else its kind's defaults at its config's `image_size`; with --input-size."""
+    preprocessor_config.json, else its kind's defaults at its config's `image_size`; with --input-size.
+    Also where the size came from, in words for messages."""
     folder = processor_config_dir(source)
-    settings = (
-        ProcessorSettings.from_pretrained_dir(folder, task.kind, image_size)
-        if folder is not None
-        else ProcessorSettings.for_kind(task.kind, image_size)
-    )
+    if folder is not None:
+        settings = ProcessorSettings.from_pretrained_dir(folder, task.kind, image_size)
+        origin = "the size in the checkpoint's preprocessor_config.json"
+    else:
+        settings = ProcessorSettings.for_kind(task.kind, image_size)
+        origin = "the checkpoint's image_size (config.json)"
     if options.input_size is not None:
-        settings = ProcessorSettings(
-            **{**asdict(settings), "height": options.input_size[0], "width": options.input_size[1]}
-        )
-    if settings.height % 16 or settings.width % 16:
-        raise TrainingError(
-            f"--input-size {settings.height}x{settings.width}: both sides must be multiples of 16"
-        )
-    return settings
+        settings = replace(settings, height=options.input_size[0], width=options.input_size[1])
+        origin = "--input-size"
+    return settings, f"{origin} {size_text(settings.size)}"
 
 
-def _check_scale_branch(model, settings: ProcessorSettings) -> None:
-    """A pointmap scale branch takes a fixed flattened size: the input size must produce it."""
+def _check_scale_branch(model, settings: ProcessorSettings, origin: str) -> None:
+    """A pointmap scale branch takes a fixed flattened size: the input size must produce it (the one size
+    inference refuses too)."""
     if not model.config.accepts_input_size(settings.size):
-        built = "x".join(str(v) for v in model.config.image_size)
+        built = size_text(model.config.image_size)
         raise TrainingError(
-            f"--input-size {settings.height}x{settings.width} does not fit this checkpoint's focal-scale "
-            f"branch, built for {built} inputs; train at --input-size {built}"
+            f"{origin} does not fit this checkpoint's focal-scale branch, built for {built} inputs; "
+            f"train at --input-size {built}"
         )
 
 
@@ -223,20 +221,26 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
     source = str(resume_from) if resume_from is not None else options.model
     trainable = load_trainable(task, source, dataset_labels, options.new_labels, options.seed)
     model, labels, config = trainable.model, trainable.labels, trainable.config
-    settings = training_settings(options, task, str(resume_from or options.model), model.config.image_size)
-    _check_scale_branch(model, settings)
+    settings, origin = training_settings(
+        options, task, str(resume_from or options.model), model.config.image_size
+    )
+    _check_scale_branch(model, settings, origin)
+    output_size = model.config.head_output_size(settings.size)
     model.backbone.augment_positions = False  # the official fine-tuning recipes do not move RoPE positions
     model.backbone.gradient_checkpointing = options.grad_checkpointing
     if options.freeze_backbone:
         model.backbone.requires_grad_(False)
-    train_set = task.samples(records, settings, labels, options.seed, options.sigma, options.augment)
-    val_set = _validation_set(task, options, settings, labels)
+    train_set = task.samples(
+        records, settings, labels, options.seed, options.sigma, options.augment, output_size
+    )
+    val_set = _validation_set(task, options, settings, labels, output_size)
     world = accelerator.num_processes
     global_batch = options.batch_size * world
     steps = total_steps(options, len(records), global_batch)
     warmup = optim.default_warmup(steps) if options.warmup is None else options.warmup
+    layer_decay = task.layer_decay if options.layer_decay is None else options.layer_decay
     optimizer, scheduler = optim.build_optimizer(
-        model, options.lr, options.layer_decay, warmup, steps, fused=accelerator.device.type == "cuda"
+        model, options.lr, layer_decay, warmup, steps, fused=accelerator.device.type == "cuda"
     )
     start = 0
     run = {"task": task.name, "seed": options.seed, "global_batch_size": global_batch, "total_steps": steps}
@@ -311,7 +315,7 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
                     terms = task.loss_terms(outputs, batch, labels)
                     loss = torch.stack(list(terms.values())).sum()
                 accelerator.backward(loss)
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), optim.MAX_GRAD_NORM)
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), task.max_grad_norm)
                 optimizer.step()
             except torch.OutOfMemoryError as error:
                 raise _out_of_memory(error) from error
@@ -363,7 +367,11 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
 
 
 def _validation_set(
-    task: TrainingTask, options: TrainOptions, settings: ProcessorSettings, labels
+    task: TrainingTask,
+    options: TrainOptions,
+    settings: ProcessorSettings,
+    labels,
+    output_size: tuple[int, int],
 ) -> TaskSamples | None:
     if options.val is None:
         return None
@@ -372,7 +380,7 @@ def _validation_set(
         getattr(labels, "names", labels)
     ):
         raise TrainingError(f"--val {options.val}: its labels differ in number from the training data's")
-    return task.samples(records, settings, labels, options.seed, options.sigma)
+    return task.samples(records, settings, labels, options.seed, options.sigma, output_size=output_size)
 
 
 def validate(

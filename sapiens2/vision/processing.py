@@ -156,6 +156,11 @@ def image_to_tensor(image: ImageLike) -> torch.Tensor:
     return torch.from_numpy(rgb_array(image)).permute(2, 0, 1)
 
 
+def size_text(size: Size) -> str:
+    """A (height, width) size as messages write it: 1024x768."""
+    return f"{size[0]}x{size[1]}"
+
+
 def fit_size(source_size: Size, target_size: Size) -> Size:
     """Largest (height, width) with the aspect ratio of `source_size` that fits inside `target_size`."""
     height, width = source_size
