@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sapiens2.batch.inputs import Source
 from sapiens2.batch.video import video_outputs
@@ -20,15 +22,18 @@ NAME_MAX, PATH_MAX = 255, 4095  # bytes of one part of a path and of a whole pat
 
 @dataclass(frozen=True)
 class Plan:
-    """What to write: export kinds (json, png, npy, ply), whether to write pictures, the videos' format."""
+    """What to write: export kinds (json, png, npy, ply), whether to write pictures, the videos' format, and
+    the task options by name (some choose files: pose's keypoint formats)."""
 
     exports: frozenset[str]
     pictures: bool
     overwrite: bool
     video_format: str = "webm"
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def export_suffixes(self, task: Task) -> list[str]:
-        return [s for s in task.export_suffixes if s.rsplit(".", 1)[-1] in self.exports]
+        chosen = task.exports_for({k: v for k, v in self.options.items() if v is not None})
+        return [s for s in chosen if s.rsplit(".", 1)[-1] in self.exports]
 
     def picture_suffixes(self, task: Task) -> dict[str, str]:
         """Picture title -> file suffix; a picture whose content an export writes is left to that export."""

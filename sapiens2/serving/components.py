@@ -43,6 +43,9 @@ def control(option: Option) -> gr.components.Component:
         return gr.Checkbox(value=option.default, label=option.label, info=info)
     if option.kind == "color":
         return gr.ColorPicker(value=option.default, label=option.label, info=info)
+    if option.kind == "choices":
+        choices, chosen = list(option.choices), list(option.default)
+        return gr.CheckboxGroup(choices, value=chosen, label=option.label, info=info)
     return gr.Image(label=option.label, type="filepath", sources=["upload", "clipboard"], height=160)
 
 

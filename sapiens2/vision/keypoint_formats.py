@@ -20,23 +20,25 @@ NATIVE = "sapiens308"
 
 @dataclass(frozen=True)
 class Part:
-    """One list of a format (OpenPose's pose, face and hands; COCO's single list): its point names, and the
-    weights that make each target point from the source keypoints, (targets, sources)."""
+    """One list of a format (OpenPose's pose, face and hands; COCO's single list): its point names and
+    kinds, and for each target point the indices of its source keypoints (none for an absent point)."""
 
     name: str
     point_names: tuple[str, ...]
     kinds: tuple[str, ...]
-    weights: np.ndarray
     sources: tuple[tuple[int, ...], ...]
 
     def convert(self, keypoints: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(…, targets, 2) points and (…, targets) scores from (…, K, 2) keypoints and (…, K) scores; a
-        midpoint's score is the lowest of its sources', an absent point is (0, 0) with score 0."""
-        points = np.einsum("tk,...kc->...tc", self.weights, np.asarray(keypoints, dtype=np.float64))
+        midpoint is the mean of its sources with the lowest of their scores, an absent point is (0, 0)
+        with score 0."""
+        keypoints = np.asarray(keypoints, dtype=np.float64)
         scores = np.asarray(scores, dtype=np.float64)
+        points = np.zeros(keypoints.shape[:-2] + (len(self.sources), 2))
         converted = np.zeros(scores.shape[:-1] + (len(self.sources),))
         for target, indices in enumerate(self.sources):
             if indices:
+                points[..., target, :] = keypoints[..., list(indices), :].mean(axis=-2)
                 converted[..., target] = scores[..., list(indices)].min(axis=-1)
         return points, converted
 
@@ -65,15 +67,10 @@ def _formats(source_names: tuple[str, ...]) -> dict[str, KeypointFormat]:
     for name, entry in keypoint_formats_table()["formats"].items():
         parts = []
         for part_name, points in entry["parts"].items():
-            weights = np.zeros((len(points), len(source_names)))
-            sources = []
-            for target, point in enumerate(points):
-                indices = tuple(index[source] for source in point["from"])
-                weights[target, list(indices)] = 1.0 / len(indices) if indices else 0.0
-                sources.append(indices)
+            sources = tuple(tuple(index[source] for source in point["from"]) for point in points)
             names = tuple(point["name"] for point in points)
             kinds = tuple(point["kind"] for point in points)
-            parts.append(Part(part_name, names, kinds, weights, tuple(sources)))
+            parts.append(Part(part_name, names, kinds, sources))
         formats[name] = KeypointFormat(name, entry["title"], tuple(parts))
     return formats
 
@@ -81,14 +78,22 @@ def _formats(source_names: tuple[str, ...]) -> dict[str, KeypointFormat]:
 FORMAT_NAMES: tuple[str, ...] = tuple(keypoint_formats_table()["formats"])
 
 
+def _missing(name: str, source_names: Sequence[str]) -> set[str]:
+    parts = keypoint_formats_table()["formats"][name]["parts"].values()
+    return {source for points in parts for point in points for source in point["from"]} - set(source_names)
+
+
+def convertible(name: str, source_names: Sequence[str]) -> bool:
+    """True when keypoints named `source_names` hold every point the format called `name` is made from."""
+    return not _missing(name, source_names)
+
+
 def keypoint_format(name: str, source_names: Sequence[str]) -> KeypointFormat:
     """The format called `name`, made from keypoints named `source_names` (the 308); a model whose
     keypoints lack a point the format needs (a fine-tuned one) is refused with a sentence."""
     if name not in FORMAT_NAMES:
         raise RequestError(f"Keypoint format must be one of {', '.join(FORMAT_NAMES)}, not {name!r}.")
-    needed = {s for part in keypoint_formats_table()["formats"][name]["parts"].values() for p in part
-              for s in p["from"]}  # fmt: skip
-    missing = needed - set(source_names)
+    missing = _missing(name, source_names)
     if missing:
         raise RequestError(
             f"The {name} keypoint format is made from the 308 Sapiens keypoints; this model's keypoints "
