@@ -32,8 +32,7 @@ class Plan:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def export_suffixes(self, task: Task) -> list[str]:
-        chosen = task.exports_for({k: v for k, v in self.options.items() if v is not None})
-        return [s for s in chosen if s.rsplit(".", 1)[-1] in self.exports]
+        return [s for s in task.exports_for(self.options) if s.rsplit(".", 1)[-1] in self.exports]
 
     def picture_suffixes(self, task: Task) -> dict[str, str]:
         """Picture title -> file suffix; a picture whose content an export writes is left to that export."""
@@ -55,7 +54,8 @@ class Plan:
             return self.image_outputs(task, source)
         log_kind = task.frame_log.suffix.rsplit(".", 1)[-1] if task.frame_log else None
         writes = {"write_video": self.pictures, "write_log": log_kind in self.exports}
-        return video_outputs(task, source.directory, source.stem, video_format=self.video_format, **writes)
+        place = (task, source.directory, source.stem)
+        return video_outputs(*place, video_format=self.video_format, options=self.options, **writes)
 
     def pending(self, task: Task, source: Source) -> bool:
         """True when the source has outputs of `task` to write (all of them, with overwrite)."""

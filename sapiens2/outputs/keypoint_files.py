@@ -7,6 +7,8 @@ Goliath point stands in for is written as x = y = 0 with confidence 0, as OpenPo
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from sapiens2.vision.pose_decoding import Person
 
 # The file each format is written to, after the photo's stem.
 FORMAT_SUFFIXES = {"coco17": "_coco17.json", "wholebody133": "_wholebody.json", "openpose": "_openpose.json"}
+# For a video: one COCO results file of every frame; OpenPose's folder of one JSON per frame.
+VIDEO_FORMAT_SUFFIXES = {**FORMAT_SUFFIXES, "openpose": "_openpose"}
 COCO_PERSON = 1  # category_id of "person" in COCO
 OPENPOSE_VERSION = 1.3
 
@@ -79,3 +83,44 @@ def write_keypoint_formats(
             document = coco_results(found, persons, coco_image_id(stem))
         written += write_json(directory, stem, FORMAT_SUFFIXES[name], document)
     return written
+
+
+def write_frame_keypoint_formats(
+    directory: str | os.PathLike,
+    stem: str,
+    frames: Sequence[tuple[str, Sequence[Person]]],
+    keypoint_names: Sequence[str],
+    formats: Sequence[str],
+) -> list[Path]:
+    """The chosen formats of a video's frames, given as (frame number as text, persons): COCO results with
+    the frame number as image_id, and OpenPose's `{stem}_openpose/{stem}_<frame, 12 digits>_keypoints.json`
+    as its --write_json names them."""
+    written = []
+    for name in formats:
+        found = keypoint_format(name, keypoint_names)
+        if name == "openpose":
+            written.append(_write_openpose_frames(Path(directory), stem, found, frames))
+        else:
+            results = [coco_results(found, persons, int(frame)) for frame, persons in frames]
+            written += write_json(directory, stem, FORMAT_SUFFIXES[name], sum(results, []))
+    return written
+
+
+def _write_openpose_frames(
+    directory: Path, stem: str, found: KeypointFormat, frames: Sequence[tuple[str, Sequence[Person]]]
+) -> Path:
+    """The folder of one OpenPose JSON per frame, written under a hidden name and then put in place whole
+    (an older folder of the same name is replaced)."""
+    target = directory / f"{stem}{VIDEO_FORMAT_SUFFIXES['openpose']}"
+    staging = directory / f".{target.name}.{secrets.token_hex(6)}.tmp"
+    try:
+        for frame, persons in frames:
+            document = openpose_document(found, persons)
+            write_json(staging, f"{stem}_{int(frame):012d}", "_keypoints.json", document)
+        staging.mkdir(parents=True, exist_ok=True)  # a video without frames still gets its folder
+        if target.is_dir():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

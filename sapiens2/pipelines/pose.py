@@ -18,7 +18,12 @@ from sapiens2.outputs.exports import (
     write_pose_frames_json,
     write_pose_json,
 )
-from sapiens2.outputs.keypoint_files import FORMAT_SUFFIXES, write_keypoint_formats
+from sapiens2.outputs.keypoint_files import (
+    FORMAT_SUFFIXES,
+    VIDEO_FORMAT_SUFFIXES,
+    write_frame_keypoint_formats,
+    write_keypoint_formats,
+)
 from sapiens2.outputs.pictures import draw_pose
 from sapiens2.outputs.results import FrameLog, TaskResult
 from sapiens2.pipelines.context import PipelineContext
@@ -243,10 +248,21 @@ class FramePoses(FrameLog):
         super().__init__(options)
         self.frames: list[tuple[str, list[Person]]] = []
         self.image_size = (0, 0)
+        self.keypoint_names: tuple[str, ...] = ()
 
     def add(self, frame: str, result: TaskResult) -> None:
         self.frames.append((frame, result.prediction.detected))
         self.image_size = result.prediction.image_size
+        self.keypoint_names = result.prediction.keypoint_names
+
+    @classmethod
+    def format_suffixes(cls, options) -> tuple[str, ...]:
+        """The keypoint formats chosen other than the 308 points, which the frame log itself holds."""
+        return tuple(VIDEO_FORMAT_SUFFIXES[name] for name in options["keypoint_format"] if name != NATIVE)
+
+    def write_formats(self, directory: Path, stem: str) -> list[Path]:
+        formats = [name for name in self.options["keypoint_format"] if name != NATIVE]
+        return write_frame_keypoint_formats(directory, stem, self.frames, self.keypoint_names, formats)
 
     def write(self, directory: Path, stem: str) -> Path:
         threshold = self.options["threshold"]

@@ -76,8 +76,13 @@ class Task:
         tasks are left out, the missing ones take their defaults)."""
         if self.chosen_exports is None:
             return self.export_suffixes
+        return self.chosen_exports(self.own_options(values))
+
+    def own_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """This task's options from `values`, which may name other tasks' options too (left out) and hold
+        None for an option not given (its default)."""
         names = {option.name for option in self.options}
-        return self.chosen_exports(self.coerce_options({k: v for k, v in values.items() if k in names}))
+        return self.coerce_options({k: v for k, v in values.items() if k in names and v is not None})
 
     def repo_id(self, size: str | None) -> str:
         """The checkpoint for `size` (default: the task's default size); unknown sizes are refused."""
