@@ -50,12 +50,12 @@ def control(option: Option) -> gr.components.Component:
 
 
 def picture_outputs(titles: Sequence[str], elem_id: str) -> list[gr.Image]:
-    """The first picture large (with `elem_id`), the others side by side under it."""
+    """The first picture large (with `elem_id`), the others side by side under it (`elem_id`-2, -3, ...)."""
     main = shown_picture(titles[0], 520, elem_id)
     if len(titles) == 1:
         return [main]
     with gr.Row():
-        rest = [shown_picture(title, 300) for title in titles[1:]]
+        rest = [shown_picture(title, 300, f"{elem_id}-{n}") for n, title in enumerate(titles[1:], start=2)]
     return [main, *rest]
 
 
