@@ -61,6 +61,10 @@ def _add_task_option(group: argparse._ArgumentGroup, option: Option, tasks: list
     elif option.kind == "color":
         text = f"{option.label}: #rrggbb or 'rgb(r, g, b)', default {default} {where}"
         kind = {"type": _checked(option), "metavar": "COLOUR", "help": text}
+    elif option.kind == "choices":
+        text = f"{option.label}: any of {', '.join(option.choices)}, repeated or comma-separated"
+        kind = {"type": _checked(option), "action": "extend", "metavar": "NAME",
+                "help": f"{text}, default {default} {where}"}  # fmt: skip
     else:
         kind = {"metavar": "IMAGE", "help": f"{option.label} {where}"}
     group.add_argument("--" + option.name.replace("_", "-"), dest=option.name, default=None, **kind)
@@ -274,14 +278,15 @@ def request_from_arguments(args: argparse.Namespace, tasks: Sequence[Task]) -> B
     cluster = None
     if args.ray is not None:
         cluster = ClusterSettings(args.ray, args.actors, dict(args.actor_resources))
+    options = {name: getattr(args, name) for name in options_by_name()}
     return BatchRequest(
         tasks=tuple(tasks),
         inputs=tuple(args.inputs),
         out=args.out,
-        plan=Plan(args.exports, args.pictures, args.overwrite, args.video_format),
+        plan=Plan(args.exports, args.pictures, args.overwrite, args.video_format, options),
         size=args.size,
         model=args.model,
-        options={name: getattr(args, name) for name in options_by_name()},
+        options=options,
         batch_size=args.batch_size,
         max_frames=args.max_frames,
         stride=args.stride,

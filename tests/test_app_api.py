@@ -94,7 +94,7 @@ def test_every_task_endpoint_returns_full_size_pictures_and_its_files(client, in
     assert isinstance(summary, str)
     assert timing.endswith("cpu · fp32") and "model" in timing.lower()
     stem = photo.stem
-    assert sorted(Path(path).name.removeprefix(stem) for path in files) == sorted(TASKS[task].export_suffixes)
+    assert sorted(Path(path).name.removeprefix(stem) for path in files) == sorted(TASKS[task].exports_for({}))
     for path in files:
         check_export(path, stem, photo_size(photo))
     if entry.viewer_title:
@@ -122,7 +122,7 @@ def test_all_tasks_endpoint_returns_each_tasks_picture_and_plain_text(client):
         f"{photo.stem}{suffix}"
         for name in TASKS
         if name != "features"
-        for suffix in TASKS[name].export_suffixes
+        for suffix in TASKS[name].exports_for({})
     } == names
 
 
@@ -159,6 +159,25 @@ def test_options_are_taken_by_name(client):
         assert (pixels == [255, 0, 0]).all()
     with pytest.raises(AppError, match="threshold"):
         client.predict(photo, threshold=7.0, api_name="/pose")
+
+
+def test_pose_takes_keypoint_formats_by_name_and_draws_the_controlnet_picture(client):
+    photo = PHOTOS[0]
+    chosen = ["openpose", "coco17"]
+    outputs = client.predict(handle_file(str(photo)), keypoint_format=chosen, api_name="/pose")
+    _, controlnet, _, _, files = outputs
+    names = sorted(Path(path).name.removeprefix(photo.stem) for path in files)
+    assert names == ["_coco17.json", "_controlnet.png", "_openpose.json"]
+    assert Path(controlnet).name == f"{photo.stem}_controlnet.png"
+    with Image.open(controlnet) as image:
+        assert image.mode == "RGB" and image.size == photo_size(photo)
+        drawn = np.asarray(image)
+    assert drawn.any() and (drawn.max(axis=2) == 0).mean() > 0.5, "a drawing on black"
+    (openpose,) = [path for path in files if path.endswith("_openpose.json")]
+    document = json.loads(Path(openpose).read_text())
+    assert document["version"] == 1.3 and len(document["people"][0]["hand_left_keypoints_2d"]) == 63
+    with pytest.raises(AppError, match="keypoint_format"):
+        client.predict(handle_file(str(photo)), keypoint_format=["body_25"], api_name="/pose")
 
 
 def test_two_requests_load_a_model_once_and_tasks_share_the_body_part_model(server, client):

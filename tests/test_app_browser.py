@@ -66,6 +66,17 @@ def test_a_photo_uploaded_in_a_tab_gets_its_result_picture(page, tmp_path, tab, 
     assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
 
 
+def test_pose_keypoint_files_can_be_chosen_in_the_tab_and_the_controlnet_picture_is_shown(page):
+    page.get_by_role("tab", name="Pose", exact=True).click()
+    page.get_by_label("coco17").check()
+    page.get_by_label("openpose").check()
+    run_in_tab(page, "Pose", "pose", PHOTOS[0])
+    controlnet = page.locator("#pose-picture-2 img").first
+    controlnet.wait_for(timeout=RESULT_TIMEOUT_MS)
+    assert controlnet.evaluate("image => image.complete && image.naturalWidth") > 0
+    assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
+
+
 def test_running_without_a_photo_shows_an_error_sentence(page):
     page.locator("#pose-run").click()
     toast = page.locator(ERROR_TOASTS).first

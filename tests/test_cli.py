@@ -33,9 +33,10 @@ def run_cli(*argv: str) -> tuple[int, str]:
 
 
 def expected_files(task: str, stem: str) -> set[str]:
-    """The files a photo gets from `task` with every export and picture, as main's layout names them."""
-    exports = {f"{stem}{suffix}" for suffix in TASKS[task].export_suffixes}
-    exported = set(TASKS[task].export_suffixes)
+    """The files a photo gets from `task` with every export kind and picture and the default options, as
+    main's layout names them."""
+    exported = set(TASKS[task].exports_for({}))
+    exports = {f"{stem}{suffix}" for suffix in exported}
     pictures = {f"{stem}{p.suffix}.png" for p in TASKS[task].pictures if p.same_as not in exported}
     return exports | pictures
 
@@ -43,7 +44,7 @@ def expected_files(task: str, stem: str) -> set[str]:
 def test_each_thing_has_one_file_name():
     names = set().union(*(expected_files(task, "photo") for task in TASKS))
     assert names == {
-        "photo_pose.json", "photo_pose.png",
+        "photo_pose.json", "photo_pose.png", "photo_controlnet.png",
         "photo_segmentation.png", "photo_segmentation.npy",
         "photo_segmentation_overlay.png", "photo_segmentation_legend.png",
         "photo_normals.npy", "photo_normals.png",
@@ -104,6 +105,29 @@ def test_every_registry_option_has_a_flag():
     )
     assert (args.threshold, args.flip_test, args.opacity, args.remove_background) == (0.5, False, 1.0, True)
     assert args.background_color == (1, 2, 3) and args.exports == {"json", "npy"}
+    args = parser.parse_args(["pose", "x", "--out", "o", "--keypoint-format", "openpose,coco17"]
+                             + ["--keypoint-format", "wholebody133"])  # fmt: skip
+    assert TASKS["pose"].coerce_options({"keypoint_format": args.keypoint_format})["keypoint_format"] == (
+        "coco17", "wholebody133", "openpose")  # fmt: skip
+
+
+def test_keypoint_formats_and_the_controlnet_picture_from_the_command_line(photos, setup_args, tmp_path):
+    photo = photos / "grace_hopper.jpg"
+    chosen = ["--keypoint-format", "coco17", "--keypoint-format", "openpose,sapiens308"]
+    status, _ = run_cli("pose", photo, "--out", tmp_path, *chosen, *setup_args)
+    assert status == EXIT_OK
+    stems = ("_pose.json", "_coco17.json", "_openpose.json", "_controlnet.png", "_pose.png")
+    assert files_under(tmp_path) == {f"grace_hopper{suffix}" for suffix in stems}
+    (entry, *_) = json.loads((tmp_path / "grace_hopper_coco17.json").read_text())
+    assert entry["image_id"] == "grace_hopper" and len(entry["keypoints"]) == 51
+    native = json.loads((tmp_path / "grace_hopper_pose.json").read_text())["persons"][0]["keypoints"]
+    assert entry["keypoints"][:2] == pytest.approx([native[0]["x"], native[0]["y"]], abs=0.01)
+    people = json.loads((tmp_path / "grace_hopper_openpose.json").read_text())["people"]
+    assert [len(people[0][key]) for key in ("pose_keypoints_2d", "face_keypoints_2d")] == [75, 210]
+
+    only = tmp_path / "controlnet_only"
+    status, _ = run_cli("pose", photo, "--out", only, "--keypoint-format", "", "--no-pictures", *setup_args)
+    assert status == EXIT_OK and files_under(only) == {"grace_hopper_controlnet.png"}
 
 
 def test_device_dependent_default_is_stated_in_the_help():
@@ -117,6 +141,7 @@ def test_device_dependent_default_is_stated_in_the_help():
     ("argv", "message"),
     [
         (["pose", "x", "--out", "o", "--threshold", "2"], "between 0 and 1"),
+        (["pose", "x", "--out", "o", "--keypoint-format", "body25"], "must be any of sapiens308, coco17"),
         (["segment", "x", "--out", "o", "--background-color", "mauve-ish"], "must be a colour"),
         (["pose", "x", "--out", "o", "--opacity", "0.5"], "--opacity is an option of segment, not of pose"),
         (["all", "x", "--out", "o", "--model", "some/where"], "choose one task"),
@@ -139,7 +164,7 @@ def test_export_suffixes_match_what_each_task_writes(small_mirror, few_persons_y
     photo = np.zeros((64, 48, 3), dtype=np.uint8)
     for name in TASKS:
         written = runtime.run(name, photo).export(tmp_path, "x")
-        assert sorted(path.name[1:] for path in written) == sorted(TASKS[name].export_suffixes), name
+        assert sorted(path.name[1:] for path in written) == sorted(TASKS[name].exports_for({})), name
 
 
 def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
@@ -149,7 +174,8 @@ def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
     assert files_under(out) == expected
     # One name per thing: the matting alpha, cut-out and composite are written once, as exports.
     assert {name.removeprefix("grace_hopper") for name in expected if name.startswith("grace")} == {
-        *("_pose.json", "_pose.png", "_segmentation.png", "_segmentation.npy", "_segmentation_overlay.png"),
+        *("_pose.json", "_pose.png", "_controlnet.png", "_segmentation.png", "_segmentation.npy"),
+        "_segmentation_overlay.png",
         *("_segmentation_legend.png", "_normals.npy", "_normals.png", "_depth.npy", "_points.ply"),
         *("_depth.png", "_alpha.png", "_cutout.png", "_composite.png"),
     }

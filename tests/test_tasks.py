@@ -94,7 +94,27 @@ def test_task_pictures_and_exports(runtime, photo, task, tmp_path):
     assert "decoding" in result.timing_line() and "pictures" in result.timing_line()
     files = result.export(tmp_path, "photo")
     assert files and all(path.is_file() and path.stat().st_size > 0 for path in files)
-    assert sorted(path.name.removeprefix("photo") for path in files) == sorted(get_task(task).export_suffixes)
+    assert sorted(path.name.removeprefix("photo") for path in files) == sorted(get_task(task).exports_for({}))
+
+
+def test_pose_writes_the_keypoint_formats_chosen_and_the_controlnet_picture(runtime, photo, tmp_path):
+    assert get_task("pose").exports_for({}) == ("_pose.json", "_controlnet.png")
+    formats = ["openpose", "coco17", "wholebody133"]
+    result = runtime.run("pose", photo, keypoint_format=formats, threshold=0.0)
+    names = sorted(path.name for path in result.export(tmp_path, "photo"))
+    expected = ["photo_coco17.json", "photo_controlnet.png", "photo_openpose.json", "photo_wholebody.json"]
+    assert names == expected
+    persons = result.prediction.persons
+    people = json.loads((tmp_path / "photo_openpose.json").read_text())["people"]
+    assert len(people) == len(persons) and len(people[0]["pose_keypoints_2d"]) == 75
+    coco = json.loads((tmp_path / "photo_coco17.json").read_text())
+    assert coco[0]["keypoints"][:2] == pytest.approx(persons[0].keypoints[0].tolist(), abs=0.01)
+    controlnet = dict(result.pictures)["ControlNet pose"]
+    assert controlnet.shape == (*photo.original_size, 3) and controlnet.any()
+    stored = np.asarray(Image.open(tmp_path / "photo_controlnet.png").convert("RGB"))
+    np.testing.assert_array_equal(stored, controlnet)
+    with pytest.raises(ValueError, match="keypoint_format' must be any of sapiens308, coco17"):
+        runtime.run("pose", photo, keypoint_format="coco18")
 
 
 def test_pose_json_has_every_person_and_keypoint(runtime, photo, tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from app_server import PHOTOS, running_app, tiny_detector
 from gradio_client import handle_file
+from PIL import Image
 from test_training import options, trainable_checkpoint
 from tiny_datasets import CLASS_NAMES, POSE_NAMES, write_pose, write_segmentation
 
@@ -52,10 +53,12 @@ def server(fine_tuned, tiny_mirror, tmp_path_factory):
 def test_a_pose_model_with_its_own_keypoints_answers_through_the_api(server, fine_tuned):
     client = server.client()
     choice = str(fine_tuned["pose"])
-    picture, summary, timing, files = client.predict(
+    picture, controlnet, summary, timing, files = client.predict(
         handle_file(str(PHOTOS[0])), size=choice, api_name="/pose"
     )
     assert Path(picture).is_file()
+    # The ControlNet picture needs the 308 points: black, with a note saying why.
+    assert not np.asarray(Image.open(controlnet)).any() and "308 Sapiens keypoints" in summary
     [exported] = [Path(path) for path in files if path.endswith("_pose.json")]
     document = json.loads(exported.read_text())
     assert document["persons"]

@@ -113,6 +113,27 @@ def test_pose_video_and_its_frame_list(runtime, clip, tmp_path):
     assert no_hidden_files(tmp_path)
 
 
+def test_pose_video_writes_the_keypoint_formats_of_every_frame(runtime, clip, tmp_path):
+    path, _ = clip
+    options = {"keypoint_format": ["coco17", "openpose"]}
+    job = VideoJob("pose", path, tmp_path, options=options, write_video=False)
+    result = process_video(runtime, job)
+    expected = [tmp_path / name for name in ("walk_predictions.json", "walk_coco17.json", "walk_openpose")]
+    assert result.files == expected
+    assert video_outputs(get_task("pose"), tmp_path, "walk", write_video=False, options=options) == expected
+    log = json.loads(result.log_path.read_text())["frames"]
+    coco = json.loads((tmp_path / "walk_coco17.json").read_text())
+    assert sorted({entry["image_id"] for entry in coco}) == list(range(FRAMES))
+    first = log[0]["instances"][0]["keypoints"]
+    assert coco[0]["keypoints"][:2] == pytest.approx(first[0], abs=0.01)
+    frames = sorted(path.name for path in (tmp_path / "walk_openpose").iterdir())
+    assert frames == [f"walk_{index:012d}_keypoints.json" for index in range(FRAMES)]
+    document = json.loads((tmp_path / "walk_openpose" / frames[0]).read_text())
+    assert len(document["people"]) == len(log[0]["instances"])
+    assert len(document["people"][0]["pose_keypoints_2d"]) == 75
+    assert no_hidden_files(tmp_path)
+
+
 def test_segmentation_video_shows_each_frame_overlay_in_order(runtime, clip, tmp_path):
     path, source = clip
     result = process_video(runtime, VideoJob("segment", path, tmp_path, options={"opacity": 0.8}))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sapiens2.batch.inputs import Source
 from sapiens2.batch.video import video_outputs
@@ -20,15 +22,17 @@ NAME_MAX, PATH_MAX = 255, 4095  # bytes of one part of a path and of a whole pat
 
 @dataclass(frozen=True)
 class Plan:
-    """What to write: export kinds (json, png, npy, ply), whether to write pictures, the videos' format."""
+    """What to write: export kinds (json, png, npy, ply), whether to write pictures, the videos' format, and
+    the task options by name (some choose files: pose's keypoint formats)."""
 
     exports: frozenset[str]
     pictures: bool
     overwrite: bool
     video_format: str = "webm"
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def export_suffixes(self, task: Task) -> list[str]:
-        return [s for s in task.export_suffixes if s.rsplit(".", 1)[-1] in self.exports]
+        return [s for s in task.exports_for(self.options) if s.rsplit(".", 1)[-1] in self.exports]
 
     def picture_suffixes(self, task: Task) -> dict[str, str]:
         """Picture title -> file suffix; a picture whose content an export writes is left to that export."""
@@ -50,7 +54,8 @@ class Plan:
             return self.image_outputs(task, source)
         log_kind = task.frame_log.suffix.rsplit(".", 1)[-1] if task.frame_log else None
         writes = {"write_video": self.pictures, "write_log": log_kind in self.exports}
-        return video_outputs(task, source.directory, source.stem, video_format=self.video_format, **writes)
+        place = (task, source.directory, source.stem)
+        return video_outputs(*place, video_format=self.video_format, options=self.options, **writes)
 
     def pending(self, task: Task, source: Source) -> bool:
         """True when the source has outputs of `task` to write (all of them, with overwrite)."""

@@ -104,8 +104,9 @@ class VideoJob:
 @dataclass
 class VideoResult:
     """A processed video: the video and the frame log (None when not written), frames run, the video's
-    frame rate, seconds of wall time, persons detected over all frames (None for tasks that detect none)
-    and notes for the user."""
+    frame rate, seconds of wall time, persons detected over all frames (None for tasks that detect none),
+    notes for the user, and the files in other tools' formats written beside the log (pose: COCO results,
+    OpenPose's folder of frames)."""
 
     video_path: Path | None
     log_path: Path | None
@@ -114,6 +115,7 @@ class VideoResult:
     seconds: float
     persons: int | None = None
     notes: list[str] = field(default_factory=list)
+    format_paths: list[Path] = field(default_factory=list)
 
     @property
     def frames_per_second(self) -> float:
@@ -123,7 +125,7 @@ class VideoResult:
     @property
     def files(self) -> list[Path]:
         """The files written."""
-        return [path for path in (self.video_path, self.log_path) if path is not None]
+        return [path for path in (self.video_path, self.log_path) if path is not None] + self.format_paths
 
 
 def _open(path: str | os.PathLike) -> cv2.VideoCapture:
@@ -320,14 +322,17 @@ def video_outputs(
     video_format: str = "webm",
     write_video: bool = True,
     write_log: bool = True,
+    options: Mapping[str, Any] | None = None,
 ) -> list[Path]:
-    """The files process_video writes: out_dir/{stem}_{task}.mp4 (or .webm) and the task's frame log."""
+    """The files process_video writes: out_dir/{stem}_{task}.mp4 (or .webm), the task's frame log and the
+    other formats the `options` (by name; None: the defaults) ask for beside it."""
     if video_format not in VIDEO_FORMATS:
         raise ValueError(f"video format {video_format!r} is not one of {', '.join(VIDEO_FORMATS)}")
     out_dir = Path(out_dir)
     paths = [out_dir / f"{stem}_{task.name}.{video_format}"] if write_video else []
     if task.frame_log is not None and write_log:
-        paths.append(out_dir / f"{stem}{task.frame_log.suffix}")
+        suffixes = task.frame_log.format_suffixes(task.own_options(options or {}))
+        paths += [out_dir / f"{stem}{suffix}" for suffix in (task.frame_log.suffix, *suffixes)]
     return paths
 
 
@@ -392,6 +397,7 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
     return VideoResult(
         video_path=sink.path if sink is not None else None,
         log_path=log.write(Path(job.out_dir), stem) if log is not None else None,
+        format_paths=log.write_formats(Path(job.out_dir), stem) if log is not None else [],
         frames=frames,
         fps=info.fps / job.stride,
         seconds=seconds,

@@ -114,3 +114,15 @@ def class_set(names: Sequence[str], colours: Sequence[Sequence[int]] | None = No
     """Metadata of segmentation classes other than the 29 body parts (a fine-tuned model's)."""
     colours = palette(len(names)) if colours is None else _colors([list(colour) for colour in colours])
     return BodyPartMeta(names=tuple(str(name) for name in names), palette=tuple(colours))
+
+
+@cache
+def keypoint_formats_table() -> Mapping:
+    """The table of keypoint_formats.json: each format's parts, and for each point its 308 sources."""
+    return json.loads((_DATA / "keypoint_formats.json").read_text())
+
+
+@cache
+def openpose_style() -> Mapping:
+    """OpenPose's drawing as data (openpose_style.json): limbs, joint and limb colours, sizes."""
+    return json.loads((_DATA / "openpose_style.json").read_text())

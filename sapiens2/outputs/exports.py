@@ -207,6 +207,11 @@ def write_pose_frames_json(
     return [_atomic_write(_target(directory, stem, POSE_FRAMES_SUFFIX), _json(document))]
 
 
+def write_json(directory: str | os.PathLike, stem: str, suffix: str, document: Any) -> list[Path]:
+    """`{stem}{suffix}`: a JSON document (plain lists, numbers and strings; no NaN)."""
+    return [_atomic_write(_target(directory, stem, suffix), _json(document))]
+
+
 def write_picture(directory: str | os.PathLike, stem: str, suffix: str, picture: np.ndarray) -> list[Path]:
     """`{stem}{suffix}.png`: a uint8 RGB (H, W, 3) picture, losslessly."""
     picture = np.asarray(picture)

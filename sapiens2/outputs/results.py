@@ -107,3 +107,12 @@ class FrameLog(ABC):
     @abstractmethod
     def write(self, directory: Path, stem: str) -> Path:
         """Write the record as directory/{stem}{suffix}; returns its path."""
+
+    @classmethod
+    def format_suffixes(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
+        """The other files (or folders) the checked `options` ask for beside the record, after the stem."""
+        return ()
+
+    def write_formats(self, directory: Path, stem: str) -> list[Path]:
+        """Write the files of format_suffixes; returns their paths."""
+        return []

@@ -11,7 +11,7 @@ import torch
 
 from sapiens2.errors import RequestError
 
-OptionKind = Literal["slider", "checkbox", "color", "image"]
+OptionKind = Literal["slider", "checkbox", "color", "image", "choices"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Option:
     maximum: float | None = None
     step: float | None = None
     help: str = ""
+    choices: tuple[str, ...] = ()  # for "choices": the names any number of which may be chosen
 
     def on_device(self, device: torch.device | str) -> Option:
         """This option with its default settled for models running on `device` (see ByDevice)."""
@@ -55,6 +56,8 @@ class Option:
             return f"{on_gpu} with a GPU, {on_cpu} on the CPU"
         if self.kind == "checkbox":
             return "on" if self.default else "off"
+        if self.kind == "choices":
+            return ", ".join(self.default) or "none"
         return f"{self.default:g}" if self.kind == "slider" else str(self.default)
 
     def coerce(self, value: Any) -> Any:
@@ -79,6 +82,8 @@ class Option:
             return self._flag(value)
         if self.kind == "color":
             return parse_color(value, self.name)
+        if self.kind == "choices":
+            return self._chosen(value)
         return value
 
     def _number(self, value: Any) -> float:
@@ -89,6 +94,19 @@ class Option:
         if not (self.minimum <= number <= self.maximum):
             raise RequestError(f"Option '{self.name}' must be {allowed}, not {number:g}.")
         return number
+
+    def _chosen(self, value: Any) -> tuple[str, ...]:
+        """The names chosen, from a list of names or one string of names separated by commas, in the order
+        of `choices`."""
+        names = value.split(",") if isinstance(value, str) and len(value) <= 200 else value
+        allowed = f"any of {', '.join(self.choices)} (a list, or names separated by commas)"
+        if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
+            raise RequestError(f"Option '{self.name}' must be {allowed}, not {shown(value)}.")
+        chosen = {name.strip() for name in names} - {""}
+        unknown = sorted(chosen - set(self.choices))
+        if unknown:
+            raise RequestError(f"Option '{self.name}' must be {allowed}, not {shown(unknown[0])}.")
+        return tuple(name for name in self.choices if name in chosen)
 
     def _flag(self, value: Any) -> bool:
         if isinstance(value, bool):

@@ -11,7 +11,19 @@ import numpy as np
 import torch
 
 from sapiens2.data.metadata import KeypointMeta, keypoint_set, keypoints308
-from sapiens2.outputs.exports import POSE_FRAMES_SUFFIX, write_pose_frames_json, write_pose_json
+from sapiens2.outputs.controlnet import openpose_picture
+from sapiens2.outputs.exports import (
+    POSE_FRAMES_SUFFIX,
+    write_picture,
+    write_pose_frames_json,
+    write_pose_json,
+)
+from sapiens2.outputs.keypoint_files import (
+    FORMAT_SUFFIXES,
+    VIDEO_FORMAT_SUFFIXES,
+    write_frame_keypoint_formats,
+    write_keypoint_formats,
+)
 from sapiens2.outputs.pictures import draw_pose
 from sapiens2.outputs.results import FrameLog, TaskResult
 from sapiens2.pipelines.context import PipelineContext
@@ -19,6 +31,7 @@ from sapiens2.pipelines.options import ByDevice, Option
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.images import LoadedImage
+from sapiens2.vision.keypoint_formats import FORMAT_NAMES, NATIVE, convertible
 from sapiens2.vision.pose_decoding import Person, decode_keypoints
 from sapiens2.vision.processing import crop_persons
 
@@ -33,7 +46,18 @@ OPTIONS = (
         "the model time.",
     ),
     Option("show_boxes", "Show person boxes", "checkbox", True),
+    Option(
+        "keypoint_format",
+        "Keypoint files",
+        "choices",
+        (NATIVE,),
+        choices=(NATIVE, *FORMAT_NAMES),
+        help="sapiens308: the 308 points (_pose.json); coco17 and wholebody133: COCO results files "
+        "(_coco17.json, _wholebody.json); openpose: OpenPose's JSON (_openpose.json).",
+    ),
 )
+NATIVE_SUFFIX = "_pose.json"
+CONTROLNET_SUFFIX = "_controlnet"
 
 
 @dataclass
@@ -136,18 +160,35 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     options = context.options
     with photo.timings.measure("pictures"):
         picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])
+        controlnet, controlnet_note = _controlnet_picture(image.original_size, persons, meta, options)
     summary, notes = _summary(found)
     prediction = PosePrediction(persons, found, meta.names, image.original_size)
     return TaskResult(
         task=context.task.name,
         model_id=context.repo_id,
-        pictures=[("Keypoints", picture)],
+        pictures=[("Keypoints", picture), ("ControlNet pose", controlnet)],
         prediction=prediction,
-        exporter=_exporter(prediction, context.repo_id),
+        exporter=_exporter(prediction, context.repo_id, options["keypoint_format"], controlnet),
         summary=summary,
-        notes=notes,
+        notes=notes + controlnet_note,
         persons=len(prediction.detected),
     )
+
+
+def _controlnet_picture(size, persons, meta: KeypointMeta, options) -> tuple[np.ndarray, list[str]]:
+    """OpenPose's drawing on black at the photo's size; black alone, with a note, for a model whose
+    keypoints are not the 308 (a fine-tuned one)."""
+    if not convertible("openpose", meta.names):
+        note = "The ControlNet picture is drawn from the 308 Sapiens keypoints; this model has others."
+        return np.zeros((*size, 3), dtype=np.uint8), [note]
+    return openpose_picture(size, persons, meta.names, options["threshold"]), []
+
+
+def chosen_exports(options) -> tuple[str, ...]:
+    """The files a photo gets with these options: the keypoint files chosen and the ControlNet picture."""
+    formats = options["keypoint_format"]
+    keypoint_files = [NATIVE_SUFFIX if name == NATIVE else FORMAT_SUFFIXES[name] for name in formats]
+    return (*keypoint_files, f"{CONTROLNET_SUFFIX}.png")
 
 
 PIPELINE = Pipeline(
@@ -177,17 +218,23 @@ def columns(result: TaskResult) -> dict[str, np.ndarray]:
     }
 
 
-def _exporter(prediction: PosePrediction, repo_id: str):
+def _exporter(prediction: PosePrediction, repo_id: str, formats: tuple[str, ...], controlnet: np.ndarray):
     def export(directory, stem):
-        return write_pose_json(
-            directory,
-            stem,
-            prediction.persons,
-            image_size=prediction.image_size,
-            keypoint_names=prediction.keypoint_names,
-            model_id=repo_id,
-            detections=prediction.detections,
-        )
+        written = []
+        if NATIVE in formats:
+            written += write_pose_json(
+                directory,
+                stem,
+                prediction.persons,
+                image_size=prediction.image_size,
+                keypoint_names=prediction.keypoint_names,
+                model_id=repo_id,
+                detections=prediction.detections,
+            )
+        others = [name for name in formats if name != NATIVE]
+        names = prediction.keypoint_names
+        written += write_keypoint_formats(directory, stem, prediction.persons, names, others)
+        return written + write_picture(directory, stem, CONTROLNET_SUFFIX, controlnet)
 
     return export
 
@@ -201,10 +248,21 @@ class FramePoses(FrameLog):
         super().__init__(options)
         self.frames: list[tuple[str, list[Person]]] = []
         self.image_size = (0, 0)
+        self.keypoint_names: tuple[str, ...] = ()
 
     def add(self, frame: str, result: TaskResult) -> None:
         self.frames.append((frame, result.prediction.detected))
         self.image_size = result.prediction.image_size
+        self.keypoint_names = result.prediction.keypoint_names
+
+    @classmethod
+    def format_suffixes(cls, options) -> tuple[str, ...]:
+        """The keypoint formats chosen other than the 308 points, which the frame log itself holds."""
+        return tuple(VIDEO_FORMAT_SUFFIXES[name] for name in options["keypoint_format"] if name != NATIVE)
+
+    def write_formats(self, directory: Path, stem: str) -> list[Path]:
+        formats = [name for name in self.options["keypoint_format"] if name != NATIVE]
+        return write_frame_keypoint_formats(directory, stem, self.frames, self.keypoint_names, formats)
 
     def write(self, directory: Path, stem: str) -> Path:
         threshold = self.options["threshold"]

@@ -43,16 +43,19 @@ def control(option: Option) -> gr.components.Component:
         return gr.Checkbox(value=option.default, label=option.label, info=info)
     if option.kind == "color":
         return gr.ColorPicker(value=option.default, label=option.label, info=info)
+    if option.kind == "choices":
+        choices, chosen = list(option.choices), list(option.default)
+        return gr.CheckboxGroup(choices, value=chosen, label=option.label, info=info)
     return gr.Image(label=option.label, type="filepath", sources=["upload", "clipboard"], height=160)
 
 
 def picture_outputs(titles: Sequence[str], elem_id: str) -> list[gr.Image]:
-    """The first picture large (with `elem_id`), the others side by side under it."""
+    """The first picture large (with `elem_id`), the others side by side under it (`elem_id`-2, -3, ...)."""
     main = shown_picture(titles[0], 520, elem_id)
     if len(titles) == 1:
         return [main]
     with gr.Row():
-        rest = [shown_picture(title, 300) for title in titles[1:]]
+        rest = [shown_picture(title, 300, f"{elem_id}-{n}") for n, title in enumerate(titles[1:], start=2)]
     return [main, *rest]
 
 

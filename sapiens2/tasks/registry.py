@@ -41,7 +41,7 @@ class Task:
     default_size: str
     options: tuple[Option, ...]
     pictures: tuple[Picture, ...]
-    # The files its exports write, after the photo's stem: "_pose.json", "_points.ply", ...
+    # The files its exports may write, after the photo's stem: "_pose.json", "_points.ply", ...
     export_suffixes: tuple[str, ...]
     pipeline: Pipeline
     in_overview: bool = True
@@ -54,6 +54,8 @@ class Task:
     viewer_title: str | None = None
     # For tables of results (one row per photo): the prediction as named numbers and arrays.
     columns: Callable[[TaskResult], Mapping[str, Any]] | None = None
+    # Which of the export suffixes a run writes, from its checked options (None: all of them).
+    chosen_exports: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
 
     @property
     def repos(self) -> dict[str, str]:
@@ -68,6 +70,19 @@ class Task:
     def export_kinds(self) -> tuple[str, ...]:
         """File types of the exports: "json", "png", "npy", "ply"."""
         return tuple(dict.fromkeys(suffix.rsplit(".", 1)[-1] for suffix in self.export_suffixes))
+
+    def exports_for(self, values: Mapping[str, Any]) -> tuple[str, ...]:
+        """The export suffixes a run with the option `values` writes (given by name; options of other
+        tasks are left out, the missing ones take their defaults)."""
+        if self.chosen_exports is None:
+            return self.export_suffixes
+        return self.chosen_exports(self.own_options(values))
+
+    def own_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """This task's options from `values`, which may name other tasks' options too (left out) and hold
+        None for an option not given (its default)."""
+        names = {option.name for option in self.options}
+        return self.coerce_options({k: v for k, v in values.items() if k in names and v is not None})
 
     def repo_id(self, size: str | None) -> str:
         """The checkpoint for `size` (default: the task's default size); unknown sizes are refused."""
@@ -166,11 +181,15 @@ def _build_registry() -> dict[str, Task]:
             POSE,
             "0.4b",
             pose.OPTIONS,
-            (Picture("Keypoints", "_pose"),),
-            ("_pose.json",),
+            (
+                Picture("Keypoints", "_pose"),
+                Picture("ControlNet pose", "_controlnet", same_as="_controlnet.png"),
+            ),
+            ("_pose.json", "_coco17.json", "_wholebody.json", "_openpose.json", "_controlnet.png"),
             pose.PIPELINE,
             frame_log=pose.FramePoses,
             columns=pose.columns,
+            chosen_exports=pose.chosen_exports,
         ),
         Task(
             "segment",
