@@ -50,9 +50,9 @@ def choose_dtype(name: str | torch.dtype | None, device: torch.device) -> tuple[
     if isinstance(name, torch.dtype):
         return name, "as asked"
     if name:
-        return _parse_dtype(name), "as asked"
+        return parse_dtype(name), "as asked"
     if os.environ.get("SAPIENS2_DTYPE"):
-        return _parse_dtype(os.environ["SAPIENS2_DTYPE"]), "as SAPIENS2_DTYPE asks"
+        return parse_dtype(os.environ["SAPIENS2_DTYPE"]), "as SAPIENS2_DTYPE asks"
     if device.type == "cuda":
         return torch.bfloat16, "the GPU's fast precision"
     if device.type == "cpu" and cpu_has_native_bf16():
@@ -62,16 +62,27 @@ def choose_dtype(name: str | torch.dtype | None, device: torch.device) -> tuple[
     return torch.float32, "full precision"
 
 
-def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """The precision `choose_dtype` picks."""
-    return choose_dtype(name, device)[0]
-
-
-def _parse_dtype(name: str) -> torch.dtype:
+def parse_dtype(name: str) -> torch.dtype:
+    """The precision a name such as "bf16" or "float32" means."""
     try:
         return DTYPES[name.lower()]
     except KeyError:
         raise ConfigError(f"Precision {name!r} is not understood; use one of bf16, fp16, fp32.") from None
+
+
+def checkpoint_dtype(config_dtype: str | None, stored: torch.dtype | None) -> torch.dtype:
+    """A checkpoint's own precision, as transformers' `dtype="auto"` reads it: config.json's `dtype` (or
+    `torch_dtype`), else the dtype of its first floating-point tensor; float32 when neither is bf16, fp16 or
+    fp32."""
+    if config_dtype is not None:
+        try:
+            return parse_dtype(config_dtype)
+        except ConfigError:
+            raise ConfigError(
+                f"config.json dtype {config_dtype!r} is not a precision this package runs; pass dtype= "
+                "(bf16, fp16 or fp32)"
+            ) from None
+    return stored if stored in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
 
 
 def dtype_name(dtype: torch.dtype) -> str:

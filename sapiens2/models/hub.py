@@ -31,9 +31,9 @@ from torch import nn
 from sapiens2.errors import CheckpointDownloadError, CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.models import hub_access, presets
 from sapiens2.models.config import Sapiens2Config, load_config
-from sapiens2.models.device import resolve_device, resolve_dtype
+from sapiens2.models.device import checkpoint_dtype, parse_dtype, resolve_device
 from sapiens2.models.modeling import build_model
-from sapiens2.models.weights import listed, read_state_dict
+from sapiens2.models.weights import listed, read_state_dict, stored_float_dtype
 from sapiens2.progress import Progress
 
 CHECKPOINT_DIR_ENV = "SAPIENS2_CHECKPOINT_DIR"
@@ -75,15 +75,17 @@ def from_pretrained(
 ) -> nn.Module:
     """Load a Sapiens2 model in eval mode from a Hub repo id, a directory or an original .safetensors file.
 
-    Defaults: CUDA when available, else the CPU; bfloat16 on CUDA and on CPUs with native bf16, else
-    float32 (`sapiens2.models.device.choose_dtype`). `progress(fraction, text)` is called while files download
-    and while weights load, each stage running its fraction from 0 to 1. On the CPU, weights are copied
-    into memory (never memory-mapped), so the file may change on disk while in use.
+    Defaults: CUDA when available, else the CPU; the checkpoint's own precision, as transformers'
+    `from_pretrained` does (`dtype="auto"`: config.json's `dtype`, else the weights'; float32 for the official
+    checkpoints). `Runtime`, the app and the command line choose a faster one (`models.device.choose_dtype`).
+    `progress(fraction, text)` is called while files download and while weights load, each stage running
+    its fraction from 0 to 1. On the CPU, weights are copied into memory (never memory-mapped), so the file
+    may change on disk while in use.
     """
     target = resolve_device(device)
-    dtype = resolve_dtype(dtype, target)
     checkpoint = resolve_checkpoint(source, revision=revision, progress=progress)
     config = _config(checkpoint)
+    dtype = _precision(dtype, config, checkpoint)
     try:
         with torch.device("meta"):
             model = build_model(config)
@@ -100,6 +102,20 @@ def from_pretrained(
     )
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
+
+
+def _precision(
+    asked: str | torch.dtype | None, config: Sapiens2Config, checkpoint: ResolvedCheckpoint
+) -> torch.dtype:
+    """`asked`, or for None and "auto" the checkpoint's own precision."""
+    if isinstance(asked, torch.dtype):
+        return asked
+    if asked is None or asked == "auto":
+        try:
+            return checkpoint_dtype(config.dtype, stored_float_dtype(checkpoint.weight_paths))
+        except ConfigError as error:
+            raise ConfigError(f"{checkpoint.label}: {error}") from error
+    return parse_dtype(asked)
 
 
 def resolve_checkpoint(

@@ -94,6 +94,13 @@ def listed(names: Iterable[str]) -> str:
     return ", ".join(names[:LISTED_NAMES]) + more
 
 
+def stored_float_dtype(weight_paths: Sequence[Path]) -> torch.dtype | None:
+    """The dtype of the first floating-point tensor of the first weight file, read from its header; None when
+    it holds none."""
+    entries = _read_header(weight_paths[0]).values() if weight_paths else ()
+    return next((entry.dtype for entry in entries if entry.dtype.is_floating_point), None)
+
+
 def read_state_dict(
     weight_paths: Sequence[Path],
     expected: dict[str, torch.Tensor],
