@@ -32,6 +32,7 @@ from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigErro
 from sapiens2.models import device, hub, hub_access, presets
 from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import KINDS
+from sapiens2.models.layers import rope_periods
 from sapiens2.models.modeling import build_model
 
 KIND_SIZES = (
@@ -62,8 +63,14 @@ def pose_dir(tmp_path) -> Path:
 def assert_loaded_from(model: torch.nn.Module, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
     """Every model tensor is the file's tensor, in `dtype`, on the CPU; nothing is left on the meta device."""
     state = model.state_dict()
-    assert state.keys() == weights.keys()
-    for name, tensor in state.items():
+    # A file without the RoPE periods (transformers' files) gets them computed from the config.
+    periods = {name for name in state.keys() - weights.keys() if name.endswith("rope_embed.periods")}
+    assert state.keys() - periods == weights.keys()
+    for name in periods:
+        rope = model.get_submodule(name.removesuffix(".periods"))
+        expected = rope_periods(rope.head_dim, rope.theta).to(dtype)
+        torch.testing.assert_close(state[name], expected, rtol=0, atol=0, msg=name)
+    for name, tensor in {name: state[name] for name in weights}.items():
         assert tensor.device.type == "cpu" and tensor.dtype == dtype, name
         torch.testing.assert_close(tensor, weights[name].to(dtype), rtol=0, atol=0, msg=name)
     assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
@@ -117,12 +124,14 @@ def test_bare_original_file_uses_the_preset_named_by_the_file(pose_dir, tmp_path
     monkeypatch.setattr(presets, "preset_config", lambda size, task: tiny if task == "pose" else {})
     weights = load_file(pose_dir / hub.WEIGHTS_NAME)
     bare = tmp_path / "sapiens2_0.4b_pose.safetensors"
-    # Original files also carry the RoPE periods buffer, which the model recomputes.
-    save_file({**weights, "backbone.rope_embed.periods": torch.ones(2)}, bare)
+    # Original files also carry the RoPE periods the model was trained with, which the model then uses.
+    weights["backbone.rope_embed.periods"] = torch.tensor([1.0, 9.875])
+    save_file(weights, bare)
 
     assert sapiens2.resolve_checkpoint(bare) == hub.ResolvedCheckpoint(None, (bare,), None)
     model = sapiens2.from_pretrained(bare, device="cpu")
     assert_loaded_from(model, weights, torch.float32)
+    assert model.backbone.rope_embed.values() == (1.0, 9.875)
     assert model.config.flip_pairs and model.config.num_labels == 308
 
 
@@ -207,7 +216,7 @@ def test_real_pose_preset_has_the_official_parameter_count_and_checkpoint_names(
         return {re.sub(r"blocks\.\d+\.", "blocks.N.", name) for name in names}
 
     with safe_open(pose_dir / hub.WEIGHTS_NAME, framework="pt") as file:
-        assert per_block(model.state_dict()) == per_block(file.keys())
+        assert per_block(model.state_dict()) - {"backbone.rope_embed.periods"} == per_block(file.keys())
     assert len(model.backbone.blocks) == 24
     assert config.num_labels == 308 and config.image_size == (1024, 768)
 
