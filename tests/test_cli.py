@@ -137,6 +137,12 @@ def test_device_dependent_default_is_stated_in_the_help():
     assert "(default on) [depth]" in smooth.help
 
 
+def test_fast_default_precision_and_the_library_one_are_stated_in_the_help():
+    (dtype,) = [action for action in build_parser()._actions if action.dest == "dtype"]
+    assert "else the fast one: bf16 on CUDA and on CPUs with native bf16" in dtype.help
+    assert "fp32 gives transformers' outputs" in dtype.help and "sapiens2.from_pretrained" in dtype.help
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

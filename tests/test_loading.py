@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import transformers
 from huggingface_hub import constants
 from huggingface_hub.errors import (
     GatedRepoError,
@@ -31,6 +32,7 @@ from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigErro
 from sapiens2.models import device, hub, hub_access, presets
 from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import KINDS
+from sapiens2.models.layers import rope_periods
 from sapiens2.models.modeling import build_model
 
 KIND_SIZES = (
@@ -61,8 +63,14 @@ def pose_dir(tmp_path) -> Path:
 def assert_loaded_from(model: torch.nn.Module, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
     """Every model tensor is the file's tensor, in `dtype`, on the CPU; nothing is left on the meta device."""
     state = model.state_dict()
-    assert state.keys() == weights.keys()
-    for name, tensor in state.items():
+    # A file without the RoPE periods (transformers' files) gets them computed from the config.
+    periods = {name for name in state.keys() - weights.keys() if name.endswith("rope_embed.periods")}
+    assert state.keys() - periods == weights.keys()
+    for name in periods:
+        rope = model.get_submodule(name.removesuffix(".periods"))
+        expected = rope_periods(rope.head_dim, rope.theta).to(dtype)
+        torch.testing.assert_close(state[name], expected, rtol=0, atol=0, msg=name)
+    for name, tensor in {name: state[name] for name in weights}.items():
         assert tensor.device.type == "cpu" and tensor.dtype == dtype, name
         torch.testing.assert_close(tensor, weights[name].to(dtype), rtol=0, atol=0, msg=name)
     assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
@@ -116,12 +124,14 @@ def test_bare_original_file_uses_the_preset_named_by_the_file(pose_dir, tmp_path
     monkeypatch.setattr(presets, "preset_config", lambda size, task: tiny if task == "pose" else {})
     weights = load_file(pose_dir / hub.WEIGHTS_NAME)
     bare = tmp_path / "sapiens2_0.4b_pose.safetensors"
-    # Original files also carry the RoPE periods buffer, which the model recomputes.
-    save_file({**weights, "backbone.rope_embed.periods": torch.ones(2)}, bare)
+    # Original files also carry the RoPE periods the model was trained with, which the model then uses.
+    weights["backbone.rope_embed.periods"] = torch.tensor([1.0, 9.875])
+    save_file(weights, bare)
 
     assert sapiens2.resolve_checkpoint(bare) == hub.ResolvedCheckpoint(None, (bare,), None)
     model = sapiens2.from_pretrained(bare, device="cpu")
     assert_loaded_from(model, weights, torch.float32)
+    assert model.backbone.rope_embed.values() == (1.0, 9.875)
     assert model.config.flip_pairs and model.config.num_labels == 308
 
 
@@ -206,7 +216,7 @@ def test_real_pose_preset_has_the_official_parameter_count_and_checkpoint_names(
         return {re.sub(r"blocks\.\d+\.", "blocks.N.", name) for name in names}
 
     with safe_open(pose_dir / hub.WEIGHTS_NAME, framework="pt") as file:
-        assert per_block(model.state_dict()) == per_block(file.keys())
+        assert per_block(model.state_dict()) - {"backbone.rope_embed.periods"} == per_block(file.keys())
     assert len(model.backbone.blocks) == 24
     assert config.num_labels == 308 and config.image_size == (1024, 768)
 
@@ -258,24 +268,68 @@ def test_bare_file_with_an_unknown_name_names_the_file(pose_dir, tmp_path):
 # ---- dtype, device, init, progress ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("native_bf16", "expected"), [(False, torch.float32), (True, torch.bfloat16)])
-def test_default_cpu_precision_follows_native_bf16_and_any_can_be_asked(
-    pose_dir, monkeypatch, native_bf16, expected
+def _copy_with(pose_dir: Path, directory: Path, weights_dtype: torch.dtype, config_dtype: str | None) -> Path:
+    """The tiny pose checkpoint with its weights in `weights_dtype` and config.json's dtype set or removed."""
+    directory.mkdir()
+    config = json.loads((pose_dir / hub.CONFIG_NAME).read_text())
+    config.pop("torch_dtype", None)
+    config["dtype"] = config_dtype
+    (directory / hub.CONFIG_NAME).write_text(json.dumps(config))
+    weights = {n: t.to(weights_dtype) for n, t in load_file(pose_dir / hub.WEIGHTS_NAME).items()}
+    save_file(weights, directory / hub.WEIGHTS_NAME)
+    return directory
+
+
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_library_default_precision_is_the_checkpoints_as_in_transformers(
+    pose_dir, tmp_path, monkeypatch, native_bf16
 ):
-    monkeypatch.delenv("SAPIENS2_DEVICE", raising=False)
-    monkeypatch.delenv("SAPIENS2_DTYPE", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    """`from_pretrained` without dtype loads what transformers loads, whatever the CPU and SAPIENS2_DTYPE (the
+    app's and command line's setting): config.json's dtype, else the weights' own."""
+    monkeypatch.setenv("SAPIENS2_DTYPE", "bf16")
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
+    cases = {
+        "float32": (pose_dir, torch.float32),
+        "bf16 weights, no dtype": (
+            _copy_with(pose_dir, tmp_path / "a", torch.bfloat16, None),
+            torch.bfloat16,
+        ),
+        "fp32 weights, dtype bfloat16": (
+            _copy_with(pose_dir, tmp_path / "b", torch.float32, "bfloat16"),
+            torch.bfloat16,
+        ),
+    }
+    for case, (directory, expected) in cases.items():
+        ours = sapiens2.from_pretrained(directory, device="cpu")
+        reference = transformers.Sapiens2ForPoseEstimation.from_pretrained(directory)
+        assert {t.dtype for t in ours.state_dict().values() if t.is_floating_point()} == {expected}, case
+        assert next(reference.parameters()).dtype == expected, case
+        auto = sapiens2.from_pretrained(directory, device="cpu", dtype="auto")
+        assert next(auto.parameters()).dtype == expected, case
     weights = load_file(pose_dir / hub.WEIGHTS_NAME)
-    assert_loaded_from(sapiens2.from_pretrained(pose_dir), weights, expected)
     for dtype in (torch.bfloat16, "bf16"):
         model = sapiens2.from_pretrained(pose_dir, device="cpu", dtype=dtype)
         assert_loaded_from(model, weights, torch.bfloat16)
         with torch.inference_mode():
             heatmaps = model(torch.zeros(1, 3, 64, 48, dtype=torch.bfloat16)).heatmaps
         assert heatmaps.dtype == torch.bfloat16 and torch.isfinite(heatmaps.float()).all()
-    monkeypatch.setenv("SAPIENS2_DTYPE", "fp32")
-    assert_loaded_from(sapiens2.from_pretrained(pose_dir), weights, torch.float32)
+
+
+def test_bare_original_file_loads_in_its_own_precision(pose_dir, tmp_path, monkeypatch):
+    tiny = tiny_config("pose")
+    monkeypatch.setattr(presets, "preset_config", lambda size, task: tiny if task == "pose" else {})
+    weights = {n: t.to(torch.bfloat16) for n, t in load_file(pose_dir / hub.WEIGHTS_NAME).items()}
+    bare = tmp_path / "sapiens2_0.4b_pose.safetensors"
+    save_file(weights, bare)
+    assert_loaded_from(sapiens2.from_pretrained(bare, device="cpu"), weights, torch.bfloat16)
+
+
+def test_unknown_config_dtype_is_refused_with_the_way_out(pose_dir, tmp_path):
+    directory = _copy_with(pose_dir, tmp_path / "f64", torch.float32, "float64")
+    with pytest.raises(ConfigError, match=r"dtype 'float64' is not a precision this package runs"):
+        sapiens2.from_pretrained(directory, device="cpu")
+    asked = sapiens2.from_pretrained(directory, device="cpu", dtype="fp32")
+    assert next(asked.parameters()).dtype == torch.float32
 
 
 @pytest.mark.parametrize(
@@ -296,7 +350,6 @@ def test_cpu_precision_rule_and_its_reason(monkeypatch, asked, env, native_bf16,
     monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
     dtype, why = device.choose_dtype(asked, torch.device("cpu"))
     assert dtype == expected and reason in why
-    assert device.resolve_dtype(asked, torch.device("cpu")) == expected
 
 
 def test_native_bf16_is_read_from_the_cpu_capabilities(monkeypatch):

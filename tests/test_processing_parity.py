@@ -7,6 +7,7 @@ that when the input is not rescaled to [0, 1] (the same relative error on values
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -208,13 +209,40 @@ def test_settings_fall_back_to_task_defaults_without_a_file(tmp_path: Path) -> N
         {"image_mean": [0.5, 0.5]},
         {"image_std": [0.0, 1.0, 1.0]},
         {"rescale_factor": -1},
-        {"crop_pct": 0.9},
         [1, 2, 3],
     ],
 )
 def test_unsupported_configs_raise_config_error(tmp_path: Path, config: object) -> None:
     with pytest.raises(ConfigError):
         ProcessorSettings.from_pretrained_dir(_write_config(tmp_path, config))
+
+
+def test_unknown_keys_are_ignored_with_one_log_line_per_file(tmp_path: Path, caplog) -> None:
+    """Keys that other transformers versions write (or that no Sapiens2 setting reads) change nothing."""
+    config = {"data_format": "channels_first", "crop_pct": 0.9, "do_pad": True, "size_divisor": None}
+    directory = _write_config(tmp_path, config)
+    with caplog.at_level(logging.WARNING, logger="sapiens2.processing"):
+        for _ in range(3):
+            assert ProcessorSettings.from_pretrained_dir(directory) == ProcessorSettings(do_pad=True)
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == [
+        f"{directory / 'preprocessor_config.json'}: ignored the keys no Sapiens2 setting reads: "
+        "data_format, crop_pct, size_divisor"
+    ]
+
+
+def test_assumed_settings_are_marked_and_described() -> None:
+    assumed = ProcessorSettings.for_kind(KINDS["normal"])
+    assert assumed.assumed and not ProcessorSettings().assumed and assumed == ProcessorSettings(do_pad=True)
+    assert assumed.description() == (
+        "1024x768 inputs (resized and padded, 0-255 scaled to 0-1, normalized with the ImageNet mean "
+        "(0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225))"
+    )
+    other = ProcessorSettings(height=64, width=48, rescale_factor=0.5, image_mean=(0.5, 0.5, 0.5))
+    assert other.description() == (
+        "64x48 inputs (resized, scaled by 0.5, normalized with the mean (0.5, 0.5, 0.5) and std "
+        "(0.229, 0.224, 0.225))"
+    )
 
 
 def test_unreadable_config_raises_config_error(tmp_path: Path) -> None:

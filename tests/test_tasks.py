@@ -1,6 +1,8 @@
 """Every registered task end to end on the example photos with tiny checkpoints: pictures and exports."""
 
 import json
+import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -8,8 +10,10 @@ import torch
 from PIL import Image
 from tiny_models import write_tiny_4k_checkpoint
 
-from sapiens2.data.metadata import body_parts
+from sapiens2.data.metadata import body_parts, keypoints308
+from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import POINTMAP, SEG
+from sapiens2.pipelines.segment import class_meta
 from sapiens2.runtime.runtime import Runtime
 from sapiens2.tasks.registry import ALL_TASKS, TASKS, get_task
 from sapiens2.vision.dense import pointmap_to_image, to_hwc
@@ -128,6 +132,33 @@ def test_pose_json_has_every_person_and_keypoint(runtime, photo, tmp_path):
             [k["x"] for k in record["keypoints"]], person.keypoints[:, 0], atol=0.01
         )
     assert document["image"] == {"width": photo.original_size[1], "height": photo.original_size[0]}
+
+
+def _with_placeholder_labels(source, directory):
+    """A copy of the checkpoint in `source` whose config.json names its outputs LABEL_0, LABEL_1, ... (what
+    transformers writes for a bare num_labels)."""
+    shutil.copytree(source, directory)
+    config = json.loads((directory / "config.json").read_text())
+    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(len(config["id2label"]))}
+    config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_placeholder_labels_count_as_absent_and_the_official_names_are_used(
+    runtime, photo, tiny_mirror, tmp_path
+):
+    pose = _with_placeholder_labels(tiny_mirror / get_task("pose").repo_id(None), tmp_path / "pose")
+    result = runtime.run("pose", photo, model=str(pose), threshold=0.0)
+    document = json.loads(result.export(tmp_path, "photo")[0].read_text())
+    names = [keypoint["name"] for keypoint in document["persons"][0]["keypoints"]]
+    assert names == list(keypoints308().names)
+    placeholders = Sapiens2Config.from_dict({"num_labels": 29})
+    assert placeholders.id2label[5] == "LABEL_5"
+    assert class_meta(SimpleNamespace(config=lambda: placeholders)).names == body_parts().names
+    # Only names that are exactly a placeholder of their own index are absent.
+    mixed = Sapiens2Config.from_dict({"id2label": {"0": "LABEL_0", "1": "LABEL_0", "2": "head"}})
+    assert mixed.label_names() == ("", "LABEL_0", "head")
 
 
 def test_flip_test_changes_keypoints_but_not_their_count(runtime, photo):

@@ -86,13 +86,36 @@ def test_backbone_matches_upstream(name, tmp_path):
     assert relative_error(tokens, arrays["output"]) < TOLERANCE
 
 
+def test_backbone_uses_the_rope_periods_its_checkpoint_stores(tmp_path):
+    """Upstream's backbone as the official checkpoints were built (RoPE in bf16, so bf16 periods in its
+    state_dict), saved with those periods: our tokens are upstream's fp32 RoPE path with the same periods,
+    and a file without them gives the tokens of periods computed in fp32."""
+    arrays = golden("upstream_backbone_trained_periods.npz")
+    assert str(arrays["periods_dtype"]) == "torch.bfloat16"
+    meta = json.loads(str(arrays["meta"]))
+    weights = state(arrays, "model")
+    weights["rope_embed.periods"] = weights["rope_embed.periods"].to(torch.bfloat16)  # exact: bf16 values
+    for name, file_weights in {
+        "output": weights,
+        "recomputed": {k: v for k, v in weights.items() if k != "rope_embed.periods"},
+    }.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(backbone_config(meta)))
+        save_file(file_weights, folder / "model.safetensors")
+        model = sapiens2.from_pretrained(folder, device="cpu", dtype=torch.float32)
+        with torch.inference_mode():
+            tokens = model(torch.from_numpy(arrays["input"])).last_hidden_state
+        assert relative_error(tokens, arrays[name]) < TOLERANCE, name
+    assert relative_error(torch.from_numpy(arrays["recomputed"]), arrays["output"]) > 1e-4
+
+
 def test_4k_tokenizer_output_depends_on_its_weights():
     """The 4K golden exercises the tokenizer: zeroing its summary token changes every output token."""
     arrays = golden("upstream_backbone_4k.npz")
     config = Sapiens2Config.from_dict(backbone_config(json.loads(str(arrays["meta"]))))
     model = build_model(config)
-    weights = {k: v for k, v in state(arrays, "model").items() if not k.endswith("rope_embed.periods")}
-    model.load_state_dict(weights, strict=True)
+    model.load_state_dict(state(arrays, "model"), strict=True)
     model.tokenizer.w_cls.data.zero_()
     with torch.inference_mode():
         tokens = model(torch.from_numpy(arrays["input"])).last_hidden_state
@@ -104,7 +127,6 @@ def test_4k_preset_has_upstream_tensor_names_and_shapes():
     expected = dict(
         zip(arrays["real_1b_4k/names"].tolist(), arrays["real_1b_4k/shapes"].tolist(), strict=True)
     )
-    expected.pop("rope_embed.periods")  # recomputed from the config, ignored when loading
     with torch.device("meta"):
         model = build_model(Sapiens2Config.from_dict(presets.preset_config("1b-4k", "pretrain")))
     ours = {name: "x".join(map(str, t.shape)) for name, t in model.state_dict().items()}

@@ -161,11 +161,16 @@ def write_tiny_4k_checkpoint(
 
 
 def write_tiny_mirror(root: str | Path, repo_ids: Iterable[str] = ALL_REPO_IDS, *, seed: int = 0) -> Path:
-    """Write `<root>/<repo id>/` with a tiny checkpoint for each official repo id; returns `root`."""
+    """Write `<root>/<repo id>/` with a tiny checkpoint for each official repo id and, as the Hub repos hold
+    one, the preprocessor_config.json that transformers writes for its task; returns `root`."""
+    from sapiens2.models.kinds import get_kind
+
     root = Path(root)
     for repo_id in repo_ids:
         task, size = repo_task_size(repo_id)
         write_tiny_checkpoint(root / repo_id, task, size=size, seed=seed)
+        processor = transformers.Sapiens2ImageProcessor(do_pad=get_kind(task).padded)
+        processor.save_pretrained(root / repo_id)
     return root
 
 

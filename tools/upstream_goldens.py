@@ -12,6 +12,9 @@ tables in float32 (`pos_embed_rope_dtype="fp32"`; upstream's default computes th
 - upstream_backbone_4k.npz: the same with `use_tokenizer=True` (2 tokenizer blocks, 4x4 windows), run in
   chunks of 5 windows, plus the name and shape of every tensor of the real 1b 4K backbone (`sapiens2_1b`,
   `use_tokenizer=True`, built on the meta device);
+- upstream_backbone_trained_periods.npz: a backbone of the official head width (64 channels) built with
+  upstream's default bf16 RoPE, as the official checkpoints were, so that its state_dict holds bf16 periods;
+  its tokens from the fp32 RoPE path with those periods loaded, with recomputed periods and as shipped;
 - upstream_heads.npz: pose (transposed-conv kernels 2, 3 and 4, refinement convs of 3 and 1), segmentation
   (kernels 3 and 2 mixed), normal and pointmap (with its scale branch) heads at tiny widths: arguments,
   state_dicts, input features and outputs;
@@ -40,6 +43,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tests" / "data"
 TINY_ARCH = {"embed_dims": 32, "num_layers": 3, "num_heads": 4, "feedforward_channels": 64}
 BACKBONE_ARGS = {"arch": "tiny", "patch_size": 4, "n_storage_tokens": 8, "pos_embed_rope_dtype": "fp32"}
 TOKENIZER_LAYERS = 2
+WIDE_HEAD_ARCH = {"embed_dims": 64, "num_layers": 2, "num_heads": 1, "feedforward_channels": 128}
 PHOTO_SIZES = ((90, 50), (64, 100), (30, 40), (64, 48))
 MODEL_SIZE = (64, 48)
 
@@ -92,6 +96,41 @@ def backbone_goldens(out: Path) -> None:
             arrays["real_1b_4k/names"] = np.array(list(state))
             arrays["real_1b_4k/shapes"] = np.array(["x".join(map(str, t.shape)) for t in state.values()])
         np.savez_compressed(out / name, **arrays)
+
+
+def trained_periods_golden(out: Path) -> None:
+    """A backbone with the official head width (64 channels, so 16 RoPE periods) built as the official
+    checkpoints were, RoPE in bf16, so that its state_dict stores bf16 periods; run in float32 by upstream's
+    fp32 RoPE path with those periods loaded (`output`), with periods it recomputes in fp32 (`recomputed`),
+    and as shipped, RoPE tables in bf16 (`as_shipped`)."""
+    from sapiens.backbones.sapiens2 import Sapiens2
+
+    Sapiens2.arch_zoo["tiny_64"] = {**WIDE_HEAD_ARCH, "num_tokenizer_layers": 0}
+    args = {**BACKBONE_ARGS, "arch": "tiny_64", "img_size": (32, 24), "use_tokenizer": False}
+    args["out_type"] = "raw"
+    torch.manual_seed(3)
+    trained = Sapiens2(**{**args, "pos_embed_rope_dtype": "bf16"}).eval()
+    randomize(trained, 3)
+    state = trained.state_dict()
+    pixels = torch.randn((2, 3, *args["img_size"]), generator=torch.Generator().manual_seed(103))
+    outputs = {}
+    with torch.no_grad():
+        (outputs["as_shipped"],) = trained(pixels)
+        model = Sapiens2(**args).eval()
+        model.load_state_dict({k: v for k, v in state.items() if not k.endswith("periods")}, strict=False)
+        (outputs["recomputed"],) = model(pixels)  # its own periods, computed in fp32
+        model.load_state_dict(state, strict=True)  # the bf16 periods, copied into its fp32 buffer
+        (outputs["output"],) = model(pixels)
+    meta = {"arch_settings": WIDE_HEAD_ARCH, "num_tokenizer_layers": 0, **args}
+    # The stored periods as float32 numbers (numpy has no bf16), each exactly a bf16 value.
+    arrays = {
+        "meta": np.array(json.dumps(meta)),
+        "input": pixels.numpy(),
+        "periods_dtype": np.array(str(state["rope_embed.periods"].dtype)),
+        **{name: tokens.numpy() for name, tokens in outputs.items()},
+        **{f"model/state/{name}": t.float().numpy() for name, t in state.items()},
+    }
+    np.savez_compressed(out / "upstream_backbone_trained_periods.npz", **arrays)
 
 
 def head_goldens(out: Path) -> None:
@@ -212,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)  # the same reductions on every machine
     backbone_goldens(args.out)
+    trained_periods_golden(args.out)
     head_goldens(args.out)
     smoothing_goldens(checkout, args.out)
     for path in sorted(args.out.glob("upstream_*.npz")):

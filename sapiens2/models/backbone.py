@@ -13,6 +13,7 @@ from sapiens2.models.layers import (
     Block,
     PatchEmbed,
     RMSNorm,
+    RopeEmbedding,
     SwiGLU,
     augment_coordinates,
     patch_coordinates,
@@ -79,8 +80,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         dim, eps = config.hidden_size, config.rms_norm_eps
         self.num_prefix_tokens = 1 + config.num_register_tokens
-        self.head_dim = config.head_dim
-        self.rope_theta = config.rope_theta
+        self.rope_embed = RopeEmbedding(config.head_dim, config.rope_theta)
         # Random RoPE coordinate shift / jitter / rescale in training mode, as transformers does; the official
         # fine-tuning recipes train without it (see `augment_positions`).
         self.position_augmentation = (
@@ -126,11 +126,12 @@ class VisionTransformer(nn.Module):
         tokens = torch.cat((*prefix, patches), dim=1)
         if self.training and self.augment_positions:
             coords = augment_coordinates(patch_coordinates(grid, tokens.device), *self.position_augmentation)
-            rope = rope_tables_at(coords, self.head_dim, self.rope_theta, self.num_prefix_tokens, dtype)
+            rope = rope_tables_at(coords, self.rope_embed.values(), self.num_prefix_tokens, dtype)
         else:
             # torch.compile traces the tables into its graph; eager runs reuse them per input size.
             tables = rope_tables.__wrapped__ if torch.compiler.is_compiling() else rope_tables
-            rope = tables(grid, self.head_dim, self.rope_theta, self.num_prefix_tokens, dtype, tokens.device)
+            periods = self.rope_embed.values()
+            rope = tables(grid, periods, self.num_prefix_tokens, dtype, tokens.device)
         return tokens, rope, grid
 
     def run_block(self, index: int, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:

@@ -180,6 +180,12 @@ class Sapiens2Config:
         """Number of output channels of the decode head (keypoints, classes, ...)."""
         return len(self.id2label)
 
+    def label_names(self) -> tuple[str, ...]:
+        """The id2label names in index order, "" where a name is absent: empty, or the placeholder
+        `LABEL_<index>` that transformers writes for a bare `num_labels`."""
+        names = (self.id2label.get(index, "") for index in range(self.num_labels))
+        return tuple("" if name == f"LABEL_{index}" else name for index, name in enumerate(names))
+
     @property
     def head_dim(self) -> int:
         """Channels per attention head."""

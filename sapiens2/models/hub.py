@@ -32,6 +32,7 @@ from sapiens2.errors import CheckpointDownloadError, CheckpointError, Checkpoint
 from sapiens2.models import hub_access, presets
 from sapiens2.models.config import Sapiens2Config, load_config
 from sapiens2.models.device import checkpoint_dtype, parse_dtype, resolve_device
+from sapiens2.models.layers import rope_periods
 from sapiens2.models.modeling import build_model
 from sapiens2.models.weights import listed, read_state_dict, stored_float_dtype
 from sapiens2.progress import Progress
@@ -100,6 +101,9 @@ def from_pretrained(
         progress=progress,
         progress_name=checkpoint.repo_id or checkpoint.label,
     )
+    for name in model.state_dict().keys() - state.keys():  # RoPE periods the files lack (weights.py)
+        rope = model.get_submodule(name.removesuffix(".periods"))
+        state[name] = rope_periods(rope.head_dim, rope.theta, target).to(dtype)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
 

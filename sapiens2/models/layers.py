@@ -171,16 +171,54 @@ def augment_coordinates(
     return coords
 
 
-def rope_tables_at(
-    coords: Tensor, head_dim: int, theta: float, num_prefix: int, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
-    """cos and signed-sin tables (tokens, head_dim) of the 2D RoPE at patch coordinates (N, 2) (y, x);
-    identity on the prefix tokens.
+def rope_periods(head_dim: int, theta: float, device: torch.device | None = None) -> Tensor:
+    """The 2D RoPE's periods (head_dim / 4,) in float32: theta ** (4 k / head_dim), k = 0, 1, ..."""
+    return theta ** (torch.arange(head_dim // 4, dtype=torch.float32, device=device) * 4 / head_dim)
 
-    Each quarter of the head channels rotates with one frequency of one axis, in the layout [y, x, y, x].
+
+class RopeEmbedding(nn.Module):
+    """The periods of the 2D RoPE as a buffer, `rope_embed.periods` in the official checkpoints, which store
+    the values the model was trained with (bf16, about 1e-3 from `rope_periods`); a checkpoint without them
+    gets `rope_periods`."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("periods", rope_periods(head_dim, theta))
+        self._values: tuple[float, ...] | None = None
+        self.register_load_state_dict_post_hook(lambda module, keys: module.forget_values())
+
+    def forget_values(self) -> None:
+        self._values = None
+
+    def values(self) -> tuple[float, ...]:
+        """The periods as numbers (a cache key), read from the buffer once after each load or move."""
+        if self._values is None:
+            self._values = tuple(self.periods.float().tolist())
+        return self._values
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        super()._apply(fn, recurse)
+        self.forget_values()
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):  # noqa: ANN001, ANN002 - nn.Module's
+        # A state dict without the periods (transformers' files) keeps the computed ones, even when strict.
+        if prefix + "periods" in state_dict:
+            super()._load_from_state_dict(state_dict, prefix, *args)
+
+
+def rope_tables_at(
+    coords: Tensor, periods: tuple[float, ...], num_prefix: int, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """cos and signed-sin tables (tokens, head_dim) of the 2D RoPE of `periods` at patch coordinates (N, 2)
+    (y, x), computed in float32; identity on the prefix tokens.
+
+    Each quarter of the head channels rotates with one period of one axis, in the layout [y, x, y, x].
     """
-    inv_freq = 1 / theta ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=coords.device)
-    angles = (2 * math.pi * coords[:, :, None] * inv_freq).flatten(1, 2).tile(2)
+    head_dim = 4 * len(periods)
+    period = torch.tensor(periods, dtype=torch.float32, device=coords.device)
+    angles = (2 * math.pi * coords[:, :, None] / period).flatten(1, 2).tile(2)
     cos, sin = angles.cos(), angles.sin()
     half = head_dim // 2
     # rotate_half(x) * sin == swap_halves(x) * [-sin, sin], so the sign lives in the table.
@@ -193,15 +231,14 @@ def rope_tables_at(
 @lru_cache(maxsize=16)
 def rope_tables(
     grid: tuple[int, int],
-    head_dim: int,
-    theta: float,
+    periods: tuple[float, ...],
     num_prefix: int,
     dtype: torch.dtype,
     device: torch.device,
 ) -> tuple[Tensor, Tensor]:
     """`rope_tables_at` the patch centres of `grid`, cached."""
     with torch.inference_mode(False):
-        return rope_tables_at(patch_coordinates(grid, device), head_dim, theta, num_prefix, dtype)
+        return rope_tables_at(patch_coordinates(grid, device), periods, num_prefix, dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -17,8 +17,9 @@ import torch
 from sapiens2.errors import CheckpointError
 from sapiens2.progress import Progress
 
-# Original checkpoints store the RoPE periods, which the model recomputes from the config.
-IGNORED_SUFFIXES = ("rope_embed.periods",)
+# Original checkpoints store the RoPE periods the model was trained with; transformers' files lack them, and
+# the model computes them from its config then.
+OPTIONAL_SUFFIXES = ("rope_embed.periods",)
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 LISTED_NAMES = 5
 # Threads that read and convert tensors: reads and casts release the GIL, so a few overlap well.
@@ -112,8 +113,9 @@ def read_state_dict(
     progress_name: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of `expected` (a model's state dict on the meta device) read from the weight files into
-    `dtype` (floating tensors only) on `device`; any mismatch with the model is one CheckpointError naming
-    `label`. `progress(fraction, text)` follows the reading, naming `progress_name` (default: `label`)."""
+    `dtype` (floating tensors only) on `device`, but those named by OPTIONAL_SUFFIXES that the files lack;
+    any other mismatch with the model is one CheckpointError naming `label`. `progress(fraction, text)`
+    follows the reading, naming `progress_name` (default: `label`)."""
     entries = _checked_entries(weight_paths, expected, label)
     return _materialize(entries, expected, device, dtype, progress, progress_name or label)
 
@@ -129,8 +131,8 @@ def _checked_entries(
                 message = f"{label}: tensor {name} is stored twice ({entries[name].path}, {path})"
                 raise CheckpointError(message)
             entries[name] = entry
-    missing = expected.keys() - entries.keys()
-    unexpected = {n for n in entries.keys() - expected.keys() if not n.endswith(IGNORED_SUFFIXES)}
+    missing = {n for n in expected.keys() - entries.keys() if not n.endswith(OPTIONAL_SUFFIXES)}
+    unexpected = entries.keys() - expected.keys()
     wrong_shape = [
         f"{name} {list(entries[name].shape)} (model: {list(tensor.shape)})"
         for name, tensor in expected.items()
@@ -146,7 +148,7 @@ def _checked_entries(
     if problems:
         mismatch = "; ".join(problems)
         raise CheckpointError(f"{label} does not match the model of its config: {mismatch}")
-    return {name: entries[name] for name in expected}
+    return {name: entries[name] for name in expected if name in entries}
 
 
 def _materialize(

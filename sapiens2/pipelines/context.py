@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from sapiens2.models.config import Sapiens2Config
+from sapiens2.models.hub import display_name
 from sapiens2.models.kinds import ModelKind
 from sapiens2.outputs.results import Timings
 from sapiens2.progress import Progress
@@ -75,18 +76,27 @@ class PipelineContext:
 
     def settings(self, repo_id: str | None = None, kind: ModelKind | None = None) -> ProcessorSettings:
         """How photos become inputs of `repo_id` (default: the task's checkpoint and kind); a note says so
-        when the model was built for another input size."""
-        settings = self.host.settings(repo_id or self.repo_id, kind or self.task.kind)
-        built_for = tuple(self.host.config(repo_id or self.repo_id).image_size)
-        if settings.size != built_for:
+        when the model was built for another input size, or when the checkpoint has no
+        preprocessor_config.json and the settings were assumed."""
+        repo_id = repo_id or self.repo_id
+        settings = self.host.settings(repo_id, kind or self.task.kind)
+        built_for = tuple(self.host.config(repo_id).image_size)
+        if settings.assumed:
+            self.note(
+                f"{display_name(repo_id)} has no preprocessor_config.json: assumed {settings.description()}."
+            )
+        elif settings.size != built_for:
             runs, built = f"{settings.height}x{settings.width}", f"{built_for[0]}x{built_for[1]}"
-            note = (
+            self.note(
                 f"The model runs at {runs} (its preprocessor_config.json) but was built for {built} (its "
                 "config.json); results may be less accurate."
             )
-            if note not in self.notes:
-                self.notes.append(note)
         return settings
+
+    def note(self, text: str) -> None:
+        """Tell the user `text` once, with every photo's result."""
+        if text not in self.notes:
+            self.notes.append(text)
 
     def stage(self, text: str) -> None:
         """Say what the run is doing now ("running the model", ...)."""

@@ -82,12 +82,13 @@ def _meta_for(names: tuple[str, ...]) -> KeypointMeta:
 
 
 def keypoint_meta(config) -> KeypointMeta:
-    """Keypoint names from the checkpoint's id2label when complete, else the official 308; a model with
-    another keypoint count (fine-tuned) has its own names, flip pairs and skeleton."""
-    names = tuple(config.id2label.get(i, "") for i in range(len(config.id2label)))
-    if len(names) != len(keypoints308().names):
+    """Keypoint names from the checkpoint's id2label when it names all 308 (placeholders such as LABEL_0
+    name none), else the official ones; a model with another keypoint count (fine-tuned) has its own names,
+    flip pairs and skeleton."""
+    if config.num_labels != len(keypoints308().names):
+        names = tuple(config.id2label.values())
         return keypoint_set(names, config.flip_pairs or (), config.skeleton or ())
-    return _meta_for(names)
+    return _meta_for(config.label_names())
 
 
 def _flip_pairs(model, meta: KeypointMeta) -> torch.Tensor:

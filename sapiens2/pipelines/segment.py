@@ -40,12 +40,12 @@ def body_part_labels(
 
 
 def class_meta(context: PipelineContext) -> BodyPartMeta:
-    """Class names from the checkpoint's id2label when it has all 29, else the official list; a model with
-    other classes (fine-tuned) has its own names and palette."""
+    """Class names from the checkpoint's id2label when it names all 29 (placeholders such as LABEL_0 name
+    none), else the official list; a model with other classes (fine-tuned) has its own names and palette."""
     config = context.config()  # read without the weights where the model is not loaded (a CPU worker)
     if config.num_labels != len(body_parts().names) or config.palette:
         return class_set(list(config.id2label.values()), config.palette)
-    return _meta_for(tuple(config.id2label.get(i, "") for i in range(config.num_labels)))
+    return _meta_for(config.label_names())
 
 
 @functools.lru_cache(maxsize=8)

@@ -18,8 +18,9 @@ def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGr
     parser.add_argument(
         "--dtype",
         choices=list(DTYPES),
-        help="precision (default: $SAPIENS2_DTYPE, else bf16 on CUDA and on CPUs with native bf16 "
-        "(AVX-512 BF16 or AMX), else fp32)",
+        help="precision (default: $SAPIENS2_DTYPE, else the fast one: bf16 on CUDA and on CPUs with native "
+        "bf16 (AVX-512 BF16 or AMX), else fp32; fp32 gives transformers' outputs, the precision that "
+        "sapiens2.from_pretrained loads the official checkpoints in)",
     )
     parser.add_argument(
         "--compile",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,8 @@ from PIL import Image
 
 from sapiens2.errors import ConfigError
 from sapiens2.models.kinds import ModelKind
+
+log = logging.getLogger("sapiens2.processing")
 
 ImageLike = np.ndarray | Image.Image
 Size = tuple[int, int]
@@ -52,6 +56,8 @@ class ProcessorSettings:
     do_normalize: bool = True
     image_mean: tuple[float, float, float] = IMAGENET_MEAN
     image_std: tuple[float, float, float] = IMAGENET_STD
+    # True for the built-in settings of a kind, used where a checkpoint has no preprocessor_config.json.
+    assumed: bool = field(default=False, compare=False, repr=False)
 
     @property
     def size(self) -> Size:
@@ -63,12 +69,27 @@ class ProcessorSettings:
         """Built-in settings of a model kind: `size` (default 1024x768), ImageNet statistics, padding where
         the kind pads."""
         height, width = size or (cls.height, cls.width)
-        return cls(height=height, width=width, do_pad=kind.padded)
+        return cls(height=height, width=width, do_pad=kind.padded, assumed=True)
+
+    def description(self) -> str:
+        """The settings in words: "1024x768 inputs (resized and padded, ...)"."""
+        steps = ["resized and padded" if self.do_pad else "resized"]
+        if self.do_rescale:
+            one_255th = abs(self.rescale_factor - 1 / 255) < 1e-12
+            steps.append("0-255 scaled to 0-1" if one_255th else f"scaled by {self.rescale_factor:g}")
+        if self.do_normalize:
+            imagenet = (self.image_mean, self.image_std) == (IMAGENET_MEAN, IMAGENET_STD)
+            statistics = "ImageNet " if imagenet else ""
+            steps.append(f"normalized with the {statistics}mean {self.image_mean} and std {self.image_std}")
+        return f"{self.height}x{self.width} inputs ({', '.join(steps)})"
 
     @classmethod
-    def from_config(cls, config: dict) -> ProcessorSettings:
-        """Settings from the keys of a preprocessor_config.json; missing keys keep the processor defaults."""
+    def from_config(cls, config: dict, source: str = "preprocessor config") -> ProcessorSettings:
+        """Settings from the keys of a preprocessor_config.json (`source` names it in messages); missing keys
+        keep the processor defaults, and keys that no Sapiens2 setting reads are ignored, as transformers
+        ignores them (one log line per file)."""
         settings = cls()
+        unknown = []
         for key, value in config.items():
             if key in _INERT_KEYS:
                 continue
@@ -88,7 +109,9 @@ class ProcessorSettings:
             elif key in ("image_mean", "image_std"):
                 settings = replace(settings, **{key: _channel_values(key, value)})
             else:
-                raise ConfigError(f"preprocessor key {key!r} is not supported")
+                unknown.append(key)
+        if unknown:
+            _log_ignored_keys(source, tuple(unknown))
         return settings
 
     @classmethod
@@ -108,7 +131,13 @@ class ProcessorSettings:
             raise ConfigError(f"cannot read {config_path}: {error}") from error
         if not isinstance(config, dict):
             raise ConfigError(f"{config_path} must hold a JSON object")
-        return cls.from_config(config)
+        return cls.from_config(config, str(config_path))
+
+
+@functools.cache
+def _log_ignored_keys(source: str, keys: tuple[str, ...]) -> None:
+    """One log line per file and set of keys, however often the file is read."""
+    log.warning("%s: ignored the keys no Sapiens2 setting reads: %s", source, ", ".join(keys))
 
 
 def _size(value: object) -> dict[str, int]:
