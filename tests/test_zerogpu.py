@@ -119,7 +119,8 @@ def test_every_endpoint_answers_and_the_start_up_models_are_never_loaded_again(s
 def test_a_failure_in_the_worker_is_a_sentence_and_the_worker_serves_the_next_call(space):
     with pytest.raises(Exception, match="sapiens2-pose-1b"):  # not in the mirror: it fails in the worker
         space.client.predict(handle_file(str(PHOTOS[0])), "1b", api_name="/pose")
-    assert space.client.predict(handle_file(str(PHOTOS[0])), api_name="/pose")[1].endswith("found.")
+    answer = space.client.predict(handle_file(str(PHOTOS[0])), api_name="/pose")
+    assert any(isinstance(output, str) and output.endswith("found.") for output in answer)
     assert len(space.workers()) == 1 and len(set(space.api.pids)) == 1
     assert not any(space.api.releases)  # the worker never failed: errors come back as data
 
