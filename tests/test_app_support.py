@@ -45,3 +45,27 @@ def test_scratch_keeps_only_the_newest_folders(tmp_path):
     assert not (tmp_path / "root").exists()
     with pytest.raises(ValueError):
         ScratchSpace(tmp_path, keep=0)
+
+
+def test_a_one_photo_requests_stage_texts_come_with_a_fraction_that_only_grows():
+    import pickle
+
+    from sapiens2.serving.requests import WAITING, StagedProgress
+
+    shown: list[tuple[float, str]] = []
+
+    class Bar:
+        def __call__(self, fraction, desc=None):
+            shown.append((fraction, desc))
+
+    report = StagedProgress(Bar())
+    report(None, WAITING)
+    for fraction in (0.0, 0.5, 1.0):
+        report(fraction, "loading facebook/sapiens2-pose-0.4b")
+    for text in ("detecting persons", "running the model", "drawing the pictures", "writing files"):
+        report(None, text)
+    fractions = [fraction for fraction, _ in shown]
+    assert all(fraction is not None for fraction in fractions)  # Gradio shows no text without one
+    assert fractions == sorted(fractions) and fractions[-1] < 1.0
+    assert [text for _, text in shown][-1] == "writing files"
+    assert pickle.loads(pickle.dumps(StagedProgress(None))).bar is None  # it may cross the device boundary

@@ -23,6 +23,7 @@ from sapiens2.runtime import Runtime
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
 from sapiens2.serving.requests import (
+    StagedProgress,
     check_output,
     holding_device,
     option_value,
@@ -61,7 +62,7 @@ def task_handler(
         *values, progress = values
         path, stem = upload(image)
         options = {name: option_value(value) for name, value in zip(names, values, strict=True)}
-        report = reporter(progress)
+        report = StagedProgress(progress) if progress is not None else None
         with user_errors():
             model = local.get(size) if isinstance(size, str) else None
             size = None if model else size

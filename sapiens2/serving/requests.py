@@ -84,6 +84,27 @@ class PageProgress:
         self.bar(fraction, desc=text)
 
 
+# Where a one-photo request's stages sit on its progress bar (Gradio 6 shows a text only with a fraction):
+# the model's loading fills the first LOADING_SHARE with its own fraction, each later stage starts here.
+LOADING_SHARE = 0.3
+STAGE_SHARES = (("detecting", 0.35), ("running the model", 0.5), ("drawing", 0.8), ("writing files", 0.95))
+
+
+@dataclass(frozen=True)
+class StagedProgress:
+    """A one-photo request's progress bar: stage texts, which come without a fraction, placed by the stage
+    they name; fractions (the model's loading) scaled into the bar's first part. It pickles."""
+
+    bar: gr.Progress
+
+    def __call__(self, fraction: float | None, text: str) -> None:
+        if fraction is None:
+            fraction = next((share for start, share in STAGE_SHARES if text.startswith(start)), 0.0)
+        else:
+            fraction = LOADING_SHARE * fraction
+        self.bar(fraction, desc=text)
+
+
 def stage(report: Progress | None, text: str) -> None:
     """Tell the page what the request is doing now."""
     if report is not None:
