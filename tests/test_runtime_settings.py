@@ -51,3 +51,24 @@ def test_a_processor_size_other_than_the_models_runs_with_a_note(runtime, tmp_pa
         "The model runs at 128x96 (its preprocessor_config.json) but was built for 256x192 (its "
         "config.json); results may be less accurate."
     ]
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_detector_that_cannot_be_used_is_refused_at_start_up_naming_where_it_came_from(
+    flag, tmp_path, monkeypatch
+):
+    import argparse
+
+    from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_arguments
+
+    parser = argparse.ArgumentParser()
+    add_runtime_arguments(parser)
+    missing = str(tmp_path / "nowhere.pt")
+    if flag:
+        args = parser.parse_args(["--device", "cpu", "--detector", missing])
+    else:
+        monkeypatch.setenv("SAPIENS2_DETECTOR", missing)
+        args = parser.parse_args(["--device", "cpu"])
+    with pytest.raises(ConfigError, match="--detector" if flag else r"\$SAPIENS2_DETECTOR") as refused:
+        runtime_from_arguments(args)
+    assert "nowhere.pt" in str(refused.value)

@@ -7,9 +7,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from sapiens2.errors import ConfigError
 from sapiens2.models.device import DTYPES
 from sapiens2.models.hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
 from sapiens2.runtime.runtime import COMPILE_ENV, Runtime
+from sapiens2.vision.detector import WEIGHTS_ENV, DetectorError, resolve_weights
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -46,6 +48,11 @@ def runtime_from_arguments(args: argparse.Namespace, **settings: Any) -> Runtime
     """The Runtime the parsed flags ask for; ConfigError when a flag's value cannot be used."""
     if args.checkpoint_dir is not None:
         use_checkpoint_dir(args.checkpoint_dir)
+    try:  # checked now, not at the first pose request, so the operator reads it and the flag it came from
+        resolve_weights(args.detector)
+    except DetectorError as error:
+        flag = "--detector" if args.detector is not None else f"${WEIGHTS_ENV}"
+        raise ConfigError(f"{flag}: {error}.") from None
     return Runtime(
         device=args.device, dtype=args.dtype, detector=args.detector, compile=args.compile, **settings
     )
