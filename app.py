@@ -85,7 +85,9 @@ def build_app(
     local = local or {}
     hosting = hosting or zerogpu.Hosting()
     slot = DeviceSlot()
-    with gr.Blocks(title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE)) as demo:
+    # Gradio's usage analytics go to its makers from every server that does not say no: only when asked.
+    analytics = os.environ.get("GRADIO_ANALYTICS_ENABLED", "").strip().lower() in {"1", "true"}
+    with gr.Blocks(title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE), analytics_enabled=analytics) as demo:
         with gr.Column(elem_classes="studio-header"):
             gr.Markdown(f"# {TITLE}\n{INTRO}")
             gr.Markdown(handlers.device_note(runtime), elem_classes="studio-note")

@@ -69,3 +69,15 @@ def test_a_one_photo_requests_stage_texts_come_with_a_fraction_that_only_grows()
     assert fractions == sorted(fractions) and fractions[-1] < 1.0
     assert [text for _, text in shown][-1] == "writing files"
     assert pickle.loads(pickle.dumps(StagedProgress(None))).bar is None  # it may cross the device boundary
+
+
+def test_gradio_analytics_are_off_unless_asked_for(monkeypatch):
+    import app
+
+    from sapiens2.runtime import Runtime
+
+    runtime = Runtime(device="cpu")
+    monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)
+    assert app.build_app(runtime).analytics_enabled is False
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "True")
+    assert app.build_app(runtime).analytics_enabled is True
