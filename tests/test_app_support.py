@@ -73,7 +73,6 @@ def test_a_one_photo_requests_stage_texts_come_with_a_fraction_that_only_grows()
 
 def test_gradio_analytics_are_off_unless_asked_for(monkeypatch):
     import app
-
     from sapiens2.runtime import Runtime
 
     runtime = Runtime(device="cpu")

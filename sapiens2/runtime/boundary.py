@@ -14,14 +14,15 @@ in memory mapped before any fork and shared by it: `CANCEL_FLAGS`.
 
 from __future__ import annotations
 
+import copy
 import logging
 import multiprocessing
-import pickle
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
 
 from sapiens2.outputs.results import Timings
@@ -124,8 +125,9 @@ def _portable(error: Exception) -> Exception:
     """The error itself when it survives pickling, else one that says the same thing."""
     if isinstance(error, Cancelled):
         return Cancelled()
-    try:
-        pickle.loads(pickle.dumps(error))
+    try:  # what the worker's queue will do with it, and the copy the caller's side will rebuild
+        ForkingPickler.dumps(error)
+        copy.deepcopy(error)
     except Exception:  # noqa: BLE001 - any failure to round-trip means: send a plain copy
         log.exception("device work failed with an error that cannot be sent back")
         return RuntimeError(f"{type(error).__name__}: {error}")

@@ -148,7 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--val-every", type=_positive(int), metavar="N", help="validate every N steps (--save-every)"
     )
     run.add_argument(
-        "--log-every", type=_positive(int), default=10, metavar="N", help="log every N steps (10)"
+        "--log-every",
+        type=_positive(int),
+        metavar="N",
+        help="log every N steps (default 10, or often enough for 20 points in a shorter run)",
     )
     run.add_argument("--keep", type=_positive(int), default=3, metavar="K", help="checkpoints kept (3)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")

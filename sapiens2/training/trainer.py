@@ -32,7 +32,7 @@ from sapiens2.errors import TrainingError
 from sapiens2.models.hub import processor_config_dir
 from sapiens2.training import checkpoints, optim
 from sapiens2.training.modeling import load_trainable
-from sapiens2.training.records import RunRecord
+from sapiens2.training.records import RunRecord, log_interval
 from sapiens2.training.samples import TaskSamples
 from sapiens2.training.tasks import TrainingTask, get_training_task
 from sapiens2.vision.processing import ProcessorSettings, size_text
@@ -71,7 +71,7 @@ class TrainOptions:
     workers: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
     save_every: int = 1000
     val_every: int | None = None
-    log_every: int = 10
+    log_every: int | None = None  # records.log_interval: 10, or often enough for a short run
     keep: int = 3
     augment: bool = True
     progress: bool = True
@@ -296,6 +296,7 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
         accelerator.wait_for_everyone()
 
     val_every = options.val_every or options.save_every
+    log_every = log_interval(options.log_every, steps)
     progress = tqdm(
         total=steps,
         initial=start,
@@ -328,7 +329,7 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
             window_steps += 1
             progress.update(1)
             last = step == steps
-            if step % options.log_every == 0 or last:
+            if step % log_every == 0 or last:
                 averages = _mean_across(accelerator, window, window_steps)
                 images_per_second = window_steps * global_batch / (time.perf_counter() - window_start)
                 row = {"kind": "train", "step": step, "epoch": step * global_batch / len(records)} | averages
