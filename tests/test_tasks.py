@@ -1,6 +1,7 @@
 """Every registered task end to end on the example photos with tiny checkpoints: pictures and exports."""
 
 import json
+import re
 import shutil
 from types import SimpleNamespace
 
@@ -291,3 +292,10 @@ def test_twelve_megapixel_photo_through_every_task(runtime, tmp_path):
     for task in TASKS:
         result = runtime.run(task, image)
         assert result.pictures[0][1].shape == (3000, 4000, 3)
+
+
+def test_the_depth_summary_counts_its_points_with_thousands_separators(runtime, photo):
+    summary = runtime.run("depth", photo, remove_background=False).summary
+    count, _, rest = summary.partition(" ")
+    assert rest == "foreground points." and re.fullmatch(r"\d{1,3}(,\d{3})+", count), summary
+    assert int(count.replace(",", "")) == photo.model_size[0] * photo.model_size[1]

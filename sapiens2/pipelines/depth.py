@@ -64,7 +64,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         pictures=[("Depth", picture)],
         prediction=points,
         exporter=_exporter(points, image.rgb, foreground),
-        summary=f"{int(foreground.sum())} foreground points.",
+        summary=f"{int(foreground.sum()):,} foreground points.",
         viewer=lambda directory, stem: write_point_cloud_preview(
             directory, stem, points, image.rgb, foreground
         ),
