@@ -299,3 +299,9 @@ def test_the_depth_summary_counts_its_points_with_thousands_separators(runtime, 
     count, _, rest = summary.partition(" ")
     assert rest == "foreground points." and re.fullmatch(r"\d{1,3}(,\d{3})+", count), summary
     assert int(count.replace(",", "")) == photo.model_size[0] * photo.model_size[1]
+
+
+@pytest.mark.parametrize("task", ["normals", "matting"])
+def test_every_picture_task_says_what_it_found(runtime, photo, task):
+    summary = runtime.run(task, photo).summary
+    assert summary.endswith(".") and re.search(r"\d", summary), summary

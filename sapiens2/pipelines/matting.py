@@ -67,6 +67,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         pictures=pictures,
         prediction=matte,
         exporter=_exporter(image.rgb, grey, blended),
+        summary=f"Foreground: {float(matte.mean()):.0%} of the photo (mean alpha).",
     )
 
 

@@ -26,14 +26,17 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     # normalizing again keeps its directions and makes every exported normal a unit vector.
     resized = normals_to_image(photo.values["normals"], image.model_size, settings, image.original_size)
     unit = unit_vectors_(to_hwc(resized[0]))
+    background = photo.values["mask"]
     with photo.timings.measure("pictures"):
-        picture = normals_picture(unit, photo.values["mask"])
+        picture = normals_picture(unit, background)
+    shown = unit.shape[0] * unit.shape[1] - (0 if background is None else int(background.sum()))
     return TaskResult(
         task=context.task.name,
         model_id=context.repo_id,
         pictures=[("Normals", picture)],
         prediction=unit,
         exporter=lambda directory, stem: write_normals(directory, stem, unit),
+        summary=f"Surface normals of {shown:,} {'pixels' if background is None else 'person pixels'}.",
     )
 
 
