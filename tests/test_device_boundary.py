@@ -85,7 +85,8 @@ def test_a_cancel_reaches_a_forked_worker_through_the_shared_flag():
 
 def test_a_calls_duration_grows_with_its_work_and_stays_within_bounds(monkeypatch):
     runtime = Runtime(device="cpu", dtype="bf16")
-    runtime.resident = {"facebook/sapiens2-seg-0.4b", "facebook/sapiens2-normal-0.4b"}
+    for repo_id in ("facebook/sapiens2-seg-0.4b", "facebook/sapiens2-normal-0.4b"):
+        runtime.cache.keep(repo_id)
     monkeypatch.setattr(zerogpu, "_runtime", runtime)
     monkeypatch.setattr(zerogpu, "_measured", zerogpu._Measured())
 

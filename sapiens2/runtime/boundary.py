@@ -80,7 +80,8 @@ class DeviceOutcome:
             raise self.error
         for photo, part in zip(photos, self.photos, strict=True):
             photo.values, photo.timings, photo.seconds = part.values, part.timings, part.seconds
-        context.notes.extend(note for note in self.notes if note not in context.notes)
+        for note in self.notes:
+            context.note(note)
 
 
 class DeviceHost(ModelHost, Protocol):

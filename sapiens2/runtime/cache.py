@@ -90,6 +90,12 @@ class ModelCache:
         with self._lock:
             return sum(size for _, size in self._models.values())
 
+    @property
+    def kept(self) -> frozenset[str]:
+        """The models `keep` was asked to keep."""
+        with self._lock:
+            return frozenset(self._kept)
+
     def keep(self, repo_id: str) -> None:
         """Never evict `repo_id` (a model loaded at start-up for good)."""
         with self._lock:

@@ -76,6 +76,7 @@ class Runtime:
         # A detector object is used as given; a model name or .pt path (or None) is loaded on first use.
         by_name = detector is None or isinstance(detector, (str, os.PathLike))
         self._detector_source = detector if by_name else None
+        self._builds_detector = by_name
         self._detector: PersonDetector | None = None if by_name else detector
         self._detector_lock = threading.Lock()
         self._settings: dict[str, ProcessorSettings] = {}
@@ -83,7 +84,6 @@ class Runtime:
         # Where the model steps run: None in this process; else a function taking plain DeviceWork to its
         # DeviceOutcome somewhere the models live (a ZeroGPU worker: sapiens2.serving.zerogpu).
         self.device_boundary: Callable[[DeviceWork], DeviceOutcome] | None = None
-        self.resident: set[str] = set()  # models loaded at start-up and kept (see `preload`)
 
     @property
     def device_label(self) -> str:
@@ -92,6 +92,11 @@ class Runtime:
     @property
     def dtype_label(self) -> str:
         return dtype_name(self.dtype)
+
+    @property
+    def resident(self) -> frozenset[str]:
+        """The models loaded at start-up and kept (`preload`)."""
+        return self.cache.kept
 
     @property
     def loads(self) -> int:
@@ -158,13 +163,12 @@ class Runtime:
         """Load `repo_id` now and keep it: the models a host loads at start-up (`resident`)."""
         self.model(repo_id)
         self.cache.keep(repo_id)
-        self.resident.add(repo_id)
 
     def use_device(self, device: torch.device) -> None:
         """Run on `device` from now on: a forked worker that really holds the device its parent emulated."""
         self.device = device
         self.cache.device = device
-        if self._detector is not None and self._detector_source is not None:
+        if self._builds_detector:
             self._detector = None  # built again, on the new device, at the next detection
 
     def detect(self, image: LoadedImage) -> Detections:
