@@ -234,17 +234,17 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Non
                 elem_classes="studio-timing",
             )
             choice = components.task_choice()
-            sizes = all_sizes(TASKS.values())
-            size = gr.Dropdown(
-                sizes, value=sizes[0], label="Model size", info="Tasks without it use their default."
-            )
+            size = components.size_choice(TASKS[components.FIRST_TASK])
             button = gr.Button("Run on the video", variant="primary", elem_id="video-run")
         with gr.Column(scale=3):
             shown = gr.Video(label="Result", interactive=False, elem_id="video-result")
             summary = gr.Markdown()
             files = components.downloads("video-downloads")
+    choice.change(
+        lambda name: components.size_choice(TASKS[name]), choice, size, queue=False, api_visibility="private"
+    )
     button.click(
-        cancellable(handlers.video_handler(runtime, scratch, slot, sizes[0])),
+        cancellable(handlers.video_handler(runtime, scratch, slot)),
         inputs=[clip, choice, size],
         outputs=[shown, summary, files],
         api_name="video",

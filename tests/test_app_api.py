@@ -298,4 +298,19 @@ def test_video_tab_returns_the_processed_clip(client, tmp_path):
     frames, _ = read_video(Path(video["video"] if isinstance(video, dict) else video))
     assert len(frames) == 3 and frames[0].shape == (HEIGHT, WIDTH, 3)
     assert summary.startswith("3 frames at")
+    assert f"with {TASKS['segment'].repo_id(None)}." in summary.splitlines()[0]
     assert any(Path(path).suffix == ".webm" for path in files)
+
+
+def test_the_video_tab_names_the_model_that_ran_and_offers_the_tasks_own_sizes(client, tmp_path):
+    """Pose has no 0.1b: a video asked for at 0.1b runs Pose's default size and says so."""
+    from test_video import write_clip
+
+    clip = tmp_path / "walk.mp4"
+    write_clip(clip, count=2)
+    assert "0.1b" not in TASKS["pose"].repos
+    _, summary, _ = client.predict(handle_file(str(clip)), task="pose", size="0.1b", api_name="/video")
+    assert f"with {TASKS['pose'].repo_id(None)}." in summary.splitlines()[0]
+    config = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/video"]
+    [size] = [parameter for parameter in config["parameters"] if parameter["parameter_name"] == "size"]
+    assert size["parameter_default"] == TASKS[next(iter(TASKS))].default_size

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 import torch
 from app_server import PHOTOS, running_app, tiny_detector
 from gradio_client import handle_file
@@ -17,7 +18,7 @@ from test_training import options, trainable_checkpoint
 from tiny_datasets import CLASS_NAMES, POSE_NAMES, write_pose, write_segmentation
 
 from sapiens2.errors import ConfigError
-from sapiens2.tasks.local_models import local_choices
+from sapiens2.tasks.local_models import local_choices, short_names
 from sapiens2.training.trainer import train
 
 
@@ -52,7 +53,7 @@ def server(fine_tuned, tiny_mirror, tmp_path_factory):
 
 def test_a_pose_model_with_its_own_keypoints_answers_through_the_api(server, fine_tuned):
     client = server.client()
-    choice = str(fine_tuned["pose"])
+    choice = _choice(fine_tuned["pose"])
     picture, controlnet, summary, timing, files = client.predict(
         handle_file(str(PHOTOS[0])), size=choice, api_name="/pose"
     )
@@ -61,6 +62,7 @@ def test_a_pose_model_with_its_own_keypoints_answers_through_the_api(server, fin
     assert not np.asarray(Image.open(controlnet)).any() and "308 Sapiens keypoints" in summary
     [exported] = [Path(path) for path in files if path.endswith("_pose.json")]
     document = json.loads(exported.read_text())
+    assert document["model"] == choice and timing.endswith(f"· {choice}")
     assert document["persons"]
     for person in document["persons"]:
         assert tuple(keypoint["name"] for keypoint in person["keypoints"]) == POSE_NAMES
@@ -68,7 +70,7 @@ def test_a_pose_model_with_its_own_keypoints_answers_through_the_api(server, fin
 
 def test_a_segmentation_model_with_its_own_classes_answers_through_the_api(server, fine_tuned):
     client = server.client()
-    choice = str(fine_tuned["segment"])
+    choice = _choice(fine_tuned["segment"])
     overlay, legend, summary, timing, files = client.predict(
         handle_file(str(PHOTOS[1])), size=choice, api_name="/segment"
     )
@@ -77,6 +79,37 @@ def test_a_segmentation_model_with_its_own_classes_answers_through_the_api(serve
     assert labels.max() < len(CLASS_NAMES)
     model = server.runtime.model(str(fine_tuned["segment"]))
     assert list(model.config.id2label.values()) == list(CLASS_NAMES)
+
+
+def _choice(folder: Path) -> str:
+    """The name a fine-tuned model has in its task's list: its run folder and `final`."""
+    return f"{folder.parent.name}/{folder.name}"
+
+
+def test_fine_tuned_models_are_listed_by_name_never_by_a_server_path(server, fine_tuned):
+    """Every visitor sees the model list: a --model folder is named, its absolute path is never shown, and
+    the path itself is not accepted as a size."""
+    config = server.client().view_api(print_info=False, return_format="dict")
+    listed = json.dumps(config)
+    assert str(fine_tuned["pose"]) not in listed and str(fine_tuned["pose"].parent) not in listed
+    page = requests.get(f"{server.url.rstrip('/')}/config", timeout=30).text
+    assert _choice(fine_tuned["pose"]) in page and str(fine_tuned["pose"]) not in page
+    with pytest.raises(Exception, match="The request cannot be run"):
+        server.client().predict(handle_file(str(PHOTOS[0])), size=str(fine_tuned["pose"]), api_name="/pose")
+
+
+def test_names_of_fine_tuned_folders_are_short_and_distinct():
+    names = short_names(
+        [
+            Path("/a/runs/pose/final"),
+            Path("/b/runs/pose/final"),
+            Path("/srv/my-pose"),
+            Path("/x/a/b"),
+            Path("/a/b"),
+        ]
+    )
+    assert names == ["a/runs/pose/final", "b/runs/pose/final", "my-pose", "x/a/b", "a/b"]
+    assert short_names([Path("/home/me/pose_run/final")]) == ["pose_run/final"]
 
 
 def test_fine_tuned_folders_under_the_checkpoint_dir_become_choices(fine_tuned, tiny_mirror, tmp_path):

@@ -69,7 +69,7 @@ class TaskResult:
     dtype: str = "fp32"
 
     def timing_line(self) -> str:
-        """A one-line account of where the time went, with the device and precision."""
+        """A one-line account of where the time went, with the device, the precision and the model."""
         parts = []
         if self.timings.detection:
             parts.append(f"detection {self.timings.detection:.2f} s")
@@ -77,7 +77,7 @@ class TaskResult:
         parts.append(f"decoding {self.timings.decode:.2f} s")
         parts.append(f"pictures {self.timings.pictures:.2f} s")
         line = " · ".join(parts + [self.device, self.dtype])
-        return line[0].upper() + line[1:]
+        return f"{line[0].upper()}{line[1:]} · {self.model_id}"
 
     def export(self, directory: str | Path, stem: str) -> list[Path]:
         """Write the task's files (JSON, PNG, .npy, .ply) into `directory`, named after `stem`."""

@@ -65,6 +65,12 @@ class PipelineContext:
     progress: Progress | None = None
     timings: Timings = field(default_factory=Timings)
     notes: list[str] = field(default_factory=list)  # for the user, added to every photo's result
+    name: str | None = None  # what results call the model, when not its repo id (a fine-tuned model's name)
+
+    @property
+    def model_name(self) -> str:
+        """The model as results and files name it."""
+        return self.name or self.repo_id
 
     def model(self, repo_id: str | None = None) -> nn.Module:
         """The cached model of `repo_id` (default: the task's checkpoint), loaded on first use."""

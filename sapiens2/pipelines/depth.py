@@ -60,7 +60,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         picture = depth_picture(points[..., 2], foreground)
     return TaskResult(
         task=context.task.name,
-        model_id=context.repo_id,
+        model_id=context.model_name,
         pictures=[("Depth", picture)],
         prediction=points,
         exporter=_exporter(points, image.rgb, foreground),

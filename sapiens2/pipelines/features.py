@@ -29,7 +29,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         picture = pca_picture(patches, photo.image.original_size)
     return TaskResult(
         task=context.task.name,
-        model_id=context.repo_id,
+        model_id=context.model_name,
         pictures=[("Features (PCA)", picture)],
         prediction=(cls, patches),
         exporter=lambda directory, stem: write_features(directory, stem, cls, patches),

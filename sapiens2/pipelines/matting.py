@@ -63,7 +63,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         ]
     return TaskResult(
         task=context.task.name,
-        model_id=context.repo_id,
+        model_id=context.model_name,
         pictures=pictures,
         prediction=matte,
         exporter=_exporter(image.rgb, grey, blended),

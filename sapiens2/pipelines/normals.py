@@ -32,7 +32,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     shown = unit.shape[0] * unit.shape[1] - (0 if background is None else int(background.sum()))
     return TaskResult(
         task=context.task.name,
-        model_id=context.repo_id,
+        model_id=context.model_name,
         pictures=[("Normals", picture)],
         prediction=unit,
         exporter=lambda directory, stem: write_normals(directory, stem, unit),

@@ -166,10 +166,10 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     prediction = PosePrediction(persons, found, meta.names, image.original_size)
     return TaskResult(
         task=context.task.name,
-        model_id=context.repo_id,
+        model_id=context.model_name,
         pictures=[("Keypoints", picture), ("ControlNet pose", controlnet)],
         prediction=prediction,
-        exporter=_exporter(prediction, context.repo_id, options["keypoint_format"], controlnet),
+        exporter=_exporter(prediction, context.model_name, options["keypoint_format"], controlnet),
         summary=summary,
         notes=notes + controlnet_note,
         persons=len(prediction.detected),

@@ -101,7 +101,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     present = int((label_counts(seg, len(meta.names))[1:] > 0).sum())
     return TaskResult(
         task=context.task.name,
-        model_id=context.repo_id,
+        model_id=context.model_name,
         pictures=[("Body parts", overlay), ("Legend", legend)],
         prediction=seg,
         exporter=lambda directory, stem: write_segmentation(directory, stem, seg),

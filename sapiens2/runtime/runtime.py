@@ -205,11 +205,14 @@ class Runtime:
         *,
         size: str | None = None,
         model: str | None = None,
+        model_name: str | None = None,
         progress: Progress | None = None,
         **options: Any,
     ) -> TaskResult:
         """Run `task` on one photo (a LoadedImage or anything `load_image` reads)."""
-        return self.run_batch(task, [image], size=size, model=model, progress=progress, **options)[0]
+        return self.run_batch(
+            task, [image], size=size, model=model, model_name=model_name, progress=progress, **options
+        )[0]
 
     def run_batch(
         self,
@@ -218,17 +221,24 @@ class Runtime:
         *,
         size: str | None = None,
         model: str | None = None,
+        model_name: str | None = None,
         progress: Progress | None = None,
         **options: Any,
     ) -> list[TaskResult]:
         """Run `task` on several photos, batching them through the model.
 
-        `model` (a repo id, checkpoint folder or file) replaces the registry's checkpoint for `size`.
+        `model` (a repo id, checkpoint folder or file) replaces the registry's checkpoint for `size`;
+        `model_name` is what the results and their files call it (default: `model` itself).
         """
         entry = get_task(task)
         loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
         context = PipelineContext(
-            self, entry, model or entry.repo_id(size), entry.coerce_options(options, self.device), progress
+            self,
+            entry,
+            model or entry.repo_id(size),
+            entry.coerce_options(options, self.device),
+            progress,
+            name=model_name if model else None,
         )
         results = entry.run(context, loaded)
         for image, result in zip(loaded, results, strict=True):

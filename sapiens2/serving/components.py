@@ -7,13 +7,18 @@ from collections.abc import Sequence
 import gradio as gr
 
 from sapiens2.pipelines.options import Option
-from sapiens2.tasks import TASKS
+from sapiens2.tasks import TASKS, Task
 
 FIRST_TASK = next(iter(TASKS))
 
 
 def task_choice() -> gr.Radio:
     return gr.Radio([(task.title, task.name) for task in TASKS.values()], value=FIRST_TASK, label="Task")
+
+
+def size_choice(task: Task) -> gr.Dropdown:
+    """The model sizes of one task, its default chosen (the Video tab's list follows the chosen task)."""
+    return gr.Dropdown(list(task.repos), value=task.default_size, label="Model size")
 
 
 def photo_input(elem_id: str) -> gr.Image:

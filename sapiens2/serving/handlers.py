@@ -65,10 +65,12 @@ def task_handler(
         report = StagedProgress(progress) if progress is not None else None
         with user_errors():
             model = local.get(size) if isinstance(size, str) else None
-            size = None if model else size
+            name, size = (size, None) if model else (None, size)
             photo = load_image(path)  # decoded before the device is taken, so a slow file holds no one up
             with holding_device(slot, report):
-                result = runtime.run(task.name, photo, size=size, model=model, progress=report, **options)
+                result = runtime.run(
+                    task.name, photo, size=size, model=model, model_name=name, progress=report, **options
+                )
             stage(report, "writing files")
             folder = scratch.new_folder()
             files = result.export(folder, stem)
@@ -117,11 +119,15 @@ def overview_handler(
     return run_all
 
 
-def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, default_size: str) -> Callable:
-    """The endpoint /video: (video, task, size) -> (the processed clip, summary, files)."""
+def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Callable:
+    """The endpoint /video: (video, task, size) -> (the processed clip, summary, files); a task without the
+    size runs its default one, and the summary names the model that ran."""
 
     def run_video(
-        video: Any, task: str = FIRST_TASK, size: str = default_size, progress: gr.Progress = PROGRESS
+        video: Any,
+        task: str = FIRST_TASK,
+        size: str = TASKS[FIRST_TASK].default_size,
+        progress: gr.Progress = PROGRESS,
     ):
         path, _ = upload(video)
         if not path:
@@ -147,7 +153,10 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, def
             with holding_device(slot, report):
                 result = process_video(runtime, job, report)
             check_output(scratch, folder)
-        line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second."
+        line = (
+            f"{result.frames} frames at {result.frames_per_second:.1f} frames per second, "
+            f"with {get_task(task).repo_id(job.size)}."
+        )
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
         return str(result.video_path), summary_text, [str(p) for p in result.files]
 
@@ -168,7 +177,7 @@ def live_handler(runtime: Runtime, slot: DeviceSlot) -> Callable:
                 result = runtime.run(entry.name, frame, size=next(iter(entry.repos)))
         times = (times + [time.perf_counter()])[-LIVE_WINDOW:]
         fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
-        line = f"**{fps:.1f} frames per second** · {entry.title} {result.model_id} · {result.timing_line()}"
+        line = f"**{fps:.1f} frames per second** · {entry.title} · {result.timing_line()}"
         return result.pictures[0][1], line, times
 
     return on_frame

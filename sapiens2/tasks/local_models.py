@@ -1,6 +1,7 @@
 """Fine-tuned checkpoints offered beside a task's official sizes: folders named with `--model TASK=PATH`, and
 the checkpoint folders under `--checkpoint-dir` that are not official repos (a `sapiens2 train` output such
-as `runs/pose/final` copied there, say). Each becomes a choice named after its folder in its task's list.
+as `runs/pose/final` copied there, say). Each becomes a choice named after its folder in its task's list:
+never a path of the server, which every visitor of the page would see.
 """
 
 from __future__ import annotations
@@ -50,13 +51,36 @@ def parse_model_flag(text: str) -> tuple[str, Path]:
     return task.name, folder
 
 
+def short_names(folders: Sequence[Path]) -> list[str]:
+    """A name for each folder: its last part, or more of its path where two would share a name. A
+    `sapiens2 train` output, OUT/final, is named with its run folder (`pose_run/final`), not `final` alone."""
+
+    def tail(folder: Path, parts: int) -> str:
+        return "/".join(folder.parts[-parts:]).lstrip("/")
+
+    least = [2 if folder.name == "final" and len(folder.parts) > 2 else 1 for folder in folders]
+    names = [tail(folder, parts) for folder, parts in zip(folders, least, strict=True)]
+    # Distinct folders differ somewhere, so taking one more part of each shared name ends.
+    while len(set(names)) < len(names):
+        repeated = {name for name in names if names.count(name) > 1}
+        for index, folder in enumerate(folders):
+            if names[index] in repeated:
+                least[index] = min(least[index] + 1, len(folder.parts))
+                names[index] = tail(folder, least[index])
+    return names
+
+
 def local_choices(checkpoint_dir: Path | None, model_flags: Sequence[str] = ()) -> Choices:
     """Each task's extra choices: `--model TASK=PATH` folders, then non-official checkpoints found up to
     two folders deep under `checkpoint_dir`, labelled by their folder (path under the directory)."""
     choices: Choices = {name: {} for name in TASKS}
+    flagged: dict[str, list[Path]] = {name: [] for name in TASKS}
     for text in model_flags:
         task, folder = parse_model_flag(text)
-        choices[task][str(folder)] = str(folder.resolve())
+        if folder.resolve() not in flagged[task]:
+            flagged[task].append(folder.resolve())
+    for task, folders in flagged.items():
+        choices[task].update(zip(short_names(folders), map(str, folders), strict=True))
     if checkpoint_dir is not None and checkpoint_dir.is_dir():
         configs = sorted(
             [*checkpoint_dir.glob(f"*/{CONFIG_NAME}"), *checkpoint_dir.glob(f"*/*/{CONFIG_NAME}")]
