@@ -23,14 +23,16 @@ from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_argum
 from sapiens2.runtime.messages import describe_error
 from sapiens2.serving import components, handlers, zerogpu
 from sapiens2.serving.bodies import BodyLimit
+from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
 from sapiens2.serving.private_files import keep_files_private
 from sapiens2.serving.requests import cancellable
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.serving.shutdown import exit_cleanly_on_signals
 from sapiens2.serving.uploads import UploadQuota
-from sapiens2.tasks import ALL_TASKS, TASKS, Task, all_sizes
+from sapiens2.tasks import ALL_TASKS, TASKS, Task
 from sapiens2.tasks.local_models import Choices, local_choices
+from sapiens2.tasks.registry import smallest_first
 from sapiens2.vision.limits import Limits
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -68,8 +70,17 @@ CSS = """
 .studio-note { border-left: 4px solid var(--color-accent); padding: 0.1em 0.8em;
                background: var(--background-fill-secondary); border-radius: 4px; }
 .studio-timing { color: var(--body-text-color-subdued); font-size: 0.9em; }
+/* Gradio draws a remove button beside each file of a list of several, even one nobody can edit. */
+.studio-downloads .label-clear-button { display: none; }
+/* Gradio's checkbox draws a 1px border whatever the theme says; the theme's width, below, is used here. */
+.gradio-container input[type="checkbox"] { border-width: var(--checkbox-border-width); }
 """
-THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="sky")
+# The Soft theme's unchecked boxes are a faint outline on a grey panel: a darker, thicker border.
+THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="sky").set(
+    checkbox_border_color="*neutral_400",
+    checkbox_border_color_dark="*neutral_500",
+    checkbox_border_width="2px",
+)
 
 
 def build_app(
@@ -150,8 +161,8 @@ def _task_tab(
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
             image = components.photo_input(f"{task.name}-photo")
-            size = gr.Dropdown([*task.repos, *local], value=task.default_size, label="Model size")
-            note = gr.Markdown(handlers.download_note(runtime, task.name, task.default_size))
+            size = components.size_choice([*runtime.offered_sizes(task.name), *local], task.default_size)
+            note = gr.Markdown(handlers.size_note(runtime, task.name, size.value))
             controls = {}
             options = runtime.options(task.name)
             if options:
@@ -183,16 +194,11 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
     *first, last = [TASKS[name].title.lower() for name in ALL_TASKS]
     titles = f"{', '.join(first)} and {last}"
     gr.Markdown(f"### All tasks\nOne photo through {titles}, reusing the models already loaded.")
-    sizes = all_sizes(TASKS[name] for name in ALL_TASKS)
+    sizes = smallest_first(size for name in ALL_TASKS for size in runtime.offered_sizes(name))
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
             image = components.photo_input("all-photo")
-            size = gr.Dropdown(
-                sizes,
-                value=sizes[0],
-                label="Model size",
-                info="Tasks without this size use their own default.",
-            )
+            size = components.size_choice(sizes, sizes[0], "Tasks without this size use their own default.")
             button = gr.Button("Run all tasks", variant="primary", elem_id="all-run")
             gr.Examples(EXAMPLES, inputs=[image], label="Example photos", cache_examples=False)
         with gr.Column(scale=4):
@@ -202,11 +208,8 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
                 with gr.Row(equal_height=True):
                     for task in row:
                         with gr.Column(min_width=280):
-                            gr.Markdown(f"#### {task.title}")
-                            picture = components.shown_picture(
-                                task.picture_titles[0], 340, f"all-{task.name}"
-                            )
-                            pictures.append(picture)
+                            # One caption per tile: the task's title, as the picture's own label.
+                            pictures.append(components.shown_picture(task.title, 340, f"all-{task.name}"))
             summary, timing = components.text_outputs()
             files = components.downloads("all-downloads")
     button.click(
@@ -234,14 +237,18 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Non
                 elem_classes="studio-timing",
             )
             choice = components.task_choice()
-            size = components.size_choice(TASKS[components.FIRST_TASK])
+            size = components.size_choice(runtime.offered_sizes(FIRST_TASK), TASKS[FIRST_TASK].default_size)
             button = gr.Button("Run on the video", variant="primary", elem_id="video-run")
         with gr.Column(scale=3):
             shown = gr.Video(label="Result", interactive=False, elem_id="video-result")
             summary = gr.Markdown()
             files = components.downloads("video-downloads")
     choice.change(
-        lambda name: components.size_choice(TASKS[name]), choice, size, queue=False, api_visibility="private"
+        lambda name: components.size_choice(runtime.offered_sizes(name), TASKS[name].default_size),
+        choice,
+        size,
+        queue=False,
+        api_visibility="private",
     )
     button.click(
         cancellable(handlers.video_handler(runtime, scratch, slot)),
@@ -256,7 +263,8 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Non
 def _live_tab(runtime: Runtime, slot: DeviceSlot) -> None:
     """Webcam frames streamed through a chosen task with its smallest model, with the frame rate."""
     gr.Markdown(
-        "### Live webcam\nEvery frame goes through the chosen task with its smallest model. " + LICENCE,
+        "### Live webcam\nEvery frame goes through the chosen task with its smallest model. The licence "
+        "below applies to the live view as to photos: no tracking of people without their consent.",
         elem_classes="studio-note",
         elem_id="live-note",
     )

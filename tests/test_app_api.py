@@ -92,7 +92,7 @@ def test_every_task_endpoint_returns_full_size_pictures_and_its_files(client, in
             if title not in FREE_SIZE_PICTURES:
                 assert image.size == photo_size(photo), title
     assert isinstance(summary, str)
-    assert timing.endswith("cpu · fp32") and "model" in timing.lower()
+    assert timing.endswith(f"cpu · fp32 · {entry.repo_id(None)}") and "model" in timing.lower()
     stem = photo.stem
     assert sorted(Path(path).name.removeprefix(stem) for path in files) == sorted(TASKS[task].exports_for({}))
     for path in files:

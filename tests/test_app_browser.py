@@ -165,3 +165,31 @@ def test_the_first_run_error_keeps_its_instructions_on_the_page(page, tmp_path, 
     assert "--checkpoint-dir checkpoints (or SAPIENS2_CHECKPOINT_DIR=checkpoints)" in text
     assert text.endswith("and HF_HUB_OFFLINE=1.")
     assert str(tmp_path) not in text
+
+
+def test_downloads_have_no_remove_buttons_and_unchecked_boxes_are_outlined(page):
+    run_in_tab(page, "Pose", "pose", PHOTOS[1])
+    downloads = page.locator("#pose-downloads")
+    downloads.locator("[aria-label$='_pose.json']").first.wait_for(timeout=RESULT_TIMEOUT_MS)
+    assert downloads.locator("[aria-label$='_controlnet.png']").count() == 1  # a list of several files
+    assert downloads.get_by_role("button", name="Remove this file").locator("visible=true").count() == 0
+    flip = page.get_by_label("Flip test", exact=False).first
+    assert not flip.is_checked()
+    border = flip.evaluate(
+        "box => [getComputedStyle(box).borderTopWidth, getComputedStyle(box).borderTopColor]"
+    )
+    width, colour = float(border[0].removesuffix("px")), border[1]
+    channels = [int(value) for value in colour[colour.index("(") + 1 : colour.index(")")].split(",")[:3]]
+    # Before: 1px of neutral-100 (243, 244, 246) on a near-white panel; now 2px of neutral-400.
+    assert width >= 2 and max(channels) <= 180, border
+
+
+def test_all_tasks_tiles_have_one_caption_each_and_the_live_tab_shows_the_licence_once(page):
+    page.get_by_role("tab", name="All tasks", exact=True).click()
+    for title in ("Pose", "Body parts", "Normals", "Depth", "Matting"):
+        tile = page.locator("#all-" + {"Body parts": "segment"}.get(title, title.lower()))
+        assert tile.get_by_text(title, exact=True).count() == 1
+        assert page.get_by_role("heading", name=title, exact=True).locator("visible=true").count() == 0
+    page.get_by_role("tab", name="Live webcam", exact=True).click()
+    page.locator("#live-note").wait_for()
+    assert page.get_by_role("link", name="Sapiens2 licence").locator("visible=true").count() == 1

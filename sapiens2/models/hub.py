@@ -181,9 +181,14 @@ def processor_config_dir(repo_id: str, revision: str | None = None) -> Path | No
         return None
 
 
+def is_here(repo_id: str, revision: str | None = None) -> bool:
+    """Whether `repo_id` can be loaded without the Hub: in the checkpoint folder or the Hugging Face cache."""
+    return _env_repo_dir(repo_id) is not None or _is_cached(repo_id, revision)
+
+
 def checkpoint_download_size(repo_id: str, revision: str | None = None) -> int | None:
     """Bytes still to download for `repo_id`: 0 when local or cached, None when unknown (offline, no Hub)."""
-    if _env_repo_dir(repo_id) is not None or _is_cached(repo_id, revision):
+    if is_here(repo_id, revision):
         return 0
     if hub_access.local_only():
         return None

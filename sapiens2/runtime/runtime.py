@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from sapiens2.errors import ConfigError
-from sapiens2.models import hub
+from sapiens2.models import hub, hub_access
 from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.device import choose_dtype, dtype_name, resolve_device
 from sapiens2.models.kinds import ModelKind
@@ -260,6 +260,28 @@ class Runtime:
             results.append(self.run(name, loaded, size=task.size_or_default(size), progress=step))
         return results
 
+    def offered_sizes(self, task: str) -> list[str]:
+        """The model sizes to offer for `task`: every size while models can be downloaded; without the Hub
+        (HF_HUB_OFFLINE, or no answer from it) the sizes whose files are on this server, else the default."""
+        entry = get_task(task)
+        if not hub_access.local_only():
+            return list(entry.repos)
+        here = [size for size in entry.repos if all(map(hub.is_here, entry.repo_ids_needed(size)))]
+        return here or [entry.default_size]
+
+    def missing_sizes_note(self, task: str) -> str | None:
+        """What to fetch for the sizes `offered_sizes` leaves out, or None when it offers all of them."""
+        entry = get_task(task)
+        missing = [size for size in entry.repos if size not in self.offered_sizes(task)]
+        if not missing:
+            return None
+        fetch = ", ".join(entry.repo_id(size) for size in missing)
+        return (
+            "The Hub cannot be reached, so only the sizes whose files are on this server are listed. For "
+            f"the others ({', '.join(missing)}), download {fetch} on a machine with internet access and copy "
+            "them into the checkpoint folder (see the README's offline section)."
+        )
+
     def download_note(self, task: str, size: str | None = None) -> str | None:
         """A sentence saying what the first use of this model will download, or None when it is local."""
         entry: Task = get_task(task)
@@ -276,6 +298,11 @@ class Runtime:
         for repo_id in repo_ids:
             if repo_id in self.cache:
                 continue
+            if hub_access.local_only() and not hub.is_here(repo_id):
+                return (
+                    f"{repo_id} is not on this server and the Hub cannot be reached, so this size cannot "
+                    f"run here. {hub.offline_instructions(repo_id)}"
+                )
             remaining = hub.checkpoint_download_size(repo_id)
             if remaining == 0:
                 continue

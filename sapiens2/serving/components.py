@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import gradio as gr
 
 from sapiens2.pipelines.options import Option
-from sapiens2.tasks import TASKS, Task
+from sapiens2.tasks import TASKS
 
 FIRST_TASK = next(iter(TASKS))
 
@@ -16,9 +16,10 @@ def task_choice() -> gr.Radio:
     return gr.Radio([(task.title, task.name) for task in TASKS.values()], value=FIRST_TASK, label="Task")
 
 
-def size_choice(task: Task) -> gr.Dropdown:
-    """The model sizes of one task, its default chosen (the Video tab's list follows the chosen task)."""
-    return gr.Dropdown(list(task.repos), value=task.default_size, label="Model size")
+def size_choice(sizes: Sequence[str], default: str, info: str | None = None) -> gr.Dropdown:
+    """A model-size list: `default` chosen when it is listed, else the first size."""
+    value = default if default in sizes else sizes[0]
+    return gr.Dropdown(list(sizes), value=value, label="Model size", info=info)
 
 
 def photo_input(elem_id: str) -> gr.Image:
@@ -77,4 +78,11 @@ def text_outputs() -> tuple[gr.Markdown, gr.Markdown]:
 
 def downloads(elem_id: str) -> gr.File:
     """The list of files to download, as tall as it needs to be to show every file."""
-    return gr.File(label="Downloads", file_count="multiple", interactive=False, height=None, elem_id=elem_id)
+    return gr.File(
+        label="Downloads",
+        file_count="multiple",
+        interactive=False,
+        height=None,
+        elem_id=elem_id,
+        elem_classes="studio-downloads",
+    )

@@ -204,7 +204,13 @@ def summary(result: TaskResult) -> str:
 
 def note_handler(runtime: Runtime, task: str, local: dict[str, str]) -> Callable[[str], str]:
     """The model-size note's event: what the chosen size will download, or that it is a local model."""
-    return lambda size: "A local fine-tuned model." if size in local else download_note(runtime, task, size)
+    return lambda size: "A local fine-tuned model." if size in local else size_note(runtime, task, size)
+
+
+def size_note(runtime: Runtime, task: str, size: str | None) -> str:
+    """What the chosen size will download, and, without the Hub, what to fetch for the sizes not listed."""
+    lines = [download_note(runtime, task, size), runtime.missing_sizes_note(task)]
+    return "\n\n".join(line for line in lines if line)
 
 
 def download_note(runtime: Runtime, task: str, size: str | None) -> str:

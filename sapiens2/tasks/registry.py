@@ -165,8 +165,12 @@ def model_bytes_estimate(repo_id: str, dtype: torch.dtype) -> int | None:
 
 def all_sizes(tasks: Iterable[Task]) -> list[str]:
     """Every model size of `tasks`, smallest first."""
-    sizes = {size for task in tasks for size in task.repos}
-    return sorted(sizes, key=lambda size: (float(size.split("b")[0]), size))
+    return smallest_first(size for task in tasks for size in task.repos)
+
+
+def smallest_first(sizes: Iterable[str]) -> list[str]:
+    """Model sizes ("0.4b", "1b", ...) once each, smallest first."""
+    return sorted(set(sizes), key=lambda size: (float(size.split("b")[0]), size))
 
 
 def _build_registry() -> dict[str, Task]:
