@@ -1,7 +1,8 @@
 """Work that stops when its request is cancelled.
 
-`Job` is a request's cancellation flag; the work checks it between batches, frames and tasks
-(`check_cancelled`, called by `Runtime.forward`) and stops there by raising `Cancelled`.
+`Job` is a request's cancellation flag and its limit; the work checks it between batches, frames and
+tasks (`check_cancelled`, called by `Runtime.forward`) and stops there by raising `Cancelled`, or the
+limit's own error once the request went over it (the app's device time).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ class Cancelled(Exception):  # noqa: N818 (not an error: the request's owner ask
 
 
 class Job:
-    """A request's cancellation flag; `alive()`, when given, is asked too (False once the client left)."""
+    """A request's cancellation flag; `alive()`, when given, is asked too (False once the client left);
+    `limit()`, when given, raises its own error (a LimitError) once the request went over it."""
 
-    def __init__(self, alive: Callable[[], bool] | None = None):
+    def __init__(self, alive: Callable[[], bool] | None = None, limit: Callable[[], None] | None = None):
         self._cancelled = threading.Event()
         self._alive = alive
+        self._limit = limit
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -35,9 +38,11 @@ class Job:
         return self._cancelled.is_set()
 
     def check(self) -> None:
-        """Raise Cancelled when the request was cancelled."""
+        """Raise Cancelled when the request was cancelled, or the limit's error when it went over it."""
         if self.cancelled:
             raise Cancelled()
+        if self._limit is not None:
+            self._limit()
 
 
 _CURRENT: contextvars.ContextVar[Job | None] = contextvars.ContextVar("sapiens2_job", default=None)

@@ -3,7 +3,8 @@
 `DeviceSlot` lends the device to one request at a time, in arrival order, and to live-stream frames only
 between requests: a frame is one short turn, taken only when the device is free, and never twice in a row
 while a request waits, so a stream gets at most every other turn and never holds the device for longer than
-one frame.
+one frame. Each request's hold is timed and charged to its device account (sapiens2.serving.device_time),
+so every entry point counts the same.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from sapiens2.runtime.jobs import Cancelled, Job
+from sapiens2.serving.device_time import DeviceAccount
 
 _POLL_SECONDS = 0.05
 
@@ -41,8 +43,14 @@ class DeviceSlot:
             return len(self._waiting)
 
     @contextmanager
-    def request(self, job: Job | None = None, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-        """Hold the device for a request's whole work, waiting for the requests before it.
+    def request(
+        self,
+        job: Job | None = None,
+        on_wait: Callable[[], None] | None = None,
+        account: DeviceAccount | None = None,
+    ) -> Iterator[None]:
+        """Hold the device for a piece of a request's work, waiting for the requests before it; the hold
+        is charged to `account`.
 
         A job cancelled while waiting leaves the line (Cancelled); `on_wait()` is called once if it waits.
         """
@@ -64,7 +72,8 @@ class DeviceSlot:
             self._frame_ran_last = False
             self.turns["request"] += 1
         try:
-            yield
+            with account.holding() if account is not None else nullcontext():
+                yield
         finally:
             self._release()
 
