@@ -3,7 +3,7 @@
 `DeviceSlot` lends the device to one request at a time, in arrival order, and to live-stream frames only
 between requests: a frame is one short turn, taken only when the device is free, and never twice in a row
 while a request waits, so a stream gets at most every other turn and never holds the device for longer than
-one frame. Each request's hold is timed and charged to its device account (sapiens2.serving.device_time),
+one frame. Each request's hold is timed and charged to its job's budget (sapiens2.serving.device_time),
 so every entry point counts the same.
 """
 
@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 from sapiens2.runtime.jobs import Cancelled, Job
-from sapiens2.serving.device_time import DeviceAccount
 
 _POLL_SECONDS = 0.05
 
@@ -43,14 +42,9 @@ class DeviceSlot:
             return len(self._waiting)
 
     @contextmanager
-    def request(
-        self,
-        job: Job | None = None,
-        on_wait: Callable[[], None] | None = None,
-        account: DeviceAccount | None = None,
-    ) -> Iterator[None]:
+    def request(self, job: Job | None = None, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
         """Hold the device for a piece of a request's work, waiting for the requests before it; the hold
-        is charged to `account`.
+        is charged to the job's budget.
 
         A job cancelled while waiting leaves the line (Cancelled); `on_wait()` is called once if it waits.
         """
@@ -72,7 +66,7 @@ class DeviceSlot:
             self._frame_ran_last = False
             self.turns["request"] += 1
         try:
-            with account.holding() if account is not None else nullcontext():
+            with job.budget.holding() if job is not None and job.budget is not None else nullcontext():
                 yield
         finally:
             self._release()

@@ -1,16 +1,15 @@
 """How long one request, and one client, may hold the device.
 
-The device slot times every hold of the device and charges it to the request's `DeviceAccount`, which
-charges its client in the `DeviceLedger` too. A request may hold the device for `SAPIENS2_MAX_DEVICE_SECONDS`
-in all (a video holds it batch by batch, so this is the sum of its batches), and a client for
-`SAPIENS2_DEVICE_SECONDS_PER_CLIENT` over the last `WINDOW` seconds. The work checks its account between
-batches, frames and tasks (through its `Job`), and stops there with a sentence saying which limit it
-reached and how to get under it; a client over its share is refused before it waits for the device.
+The device slot times every hold of the device and charges it to the request's `DeviceAccount` (its
+job's budget), which charges its client in the `DeviceLedger` too. A request may hold the device for
+`SAPIENS2_MAX_DEVICE_SECONDS` in all (a video holds it batch by batch: the sum of its batches), and a
+client for `SAPIENS2_DEVICE_SECONDS_PER_CLIENT` over the last `WINDOW` seconds. The work checks its
+account between batches, frames and tasks (through its `Job`), and stops there with a sentence saying
+which limit it reached and how to get under it; a client over its share is refused before it waits.
 """
 
 from __future__ import annotations
 
-import contextvars
 import threading
 import time
 from collections import deque
@@ -138,23 +137,3 @@ class DeviceBudget:
         )
         account.check_client()
         return account
-
-
-_ACCOUNT: contextvars.ContextVar[DeviceAccount | None] = contextvars.ContextVar(
-    "sapiens2_device_account", default=None
-)
-
-
-def current_account() -> DeviceAccount | None:
-    """The device account of the request running in this context, if any."""
-    return _ACCOUNT.get()
-
-
-@contextmanager
-def charging(account: DeviceAccount) -> Iterator[DeviceAccount]:
-    """Make `account` the one the device slot charges for the block (and the threads it copies to)."""
-    token = _ACCOUNT.set(account)
-    try:
-        yield account
-    finally:
-        _ACCOUNT.reset(token)

@@ -15,7 +15,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,7 +28,7 @@ from sapiens2.progress import Progress
 from sapiens2.runtime.jobs import Cancelled, Job, current_job, running
 from sapiens2.runtime.messages import describe_error, is_expected
 from sapiens2.serving.device_slot import DeviceSlot
-from sapiens2.serving.device_time import DeviceBudget, charging, current_account
+from sapiens2.serving.device_time import DeviceBudget
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.serving.uploads import client_address
 from sapiens2.vision.images import sanitize_filename
@@ -143,7 +143,7 @@ def holding_device(slot: DeviceSlot, report: Progress | None) -> Iterator[None]:
     """Hold the device for a request's model work, after the requests before it (the page is told while it
     waits), charged to the request's device time; pictures and files are written after, off the device,
     while the next request runs."""
-    with slot.request(current_job(), on_wait=lambda: stage(report, WAITING), account=current_account()):
+    with slot.request(current_job(), on_wait=lambda: stage(report, WAITING)):
         yield
 
 
@@ -166,10 +166,9 @@ def cancellable(handler: Callable, budget: DeviceBudget | None = None) -> Callab
                 account = budget.account(_client(budget.trusted_proxies))
             except DeviceTimeError as error:
                 raise gr.Error(describe_error(error, public=True), print_exception=False) from None
-        job = Job(_client_connected(), limit=account.check if account is not None else None)
+        job = Job(_client_connected(), budget=account)
         try:
-            with charging(account) if account is not None else nullcontext():
-                return await run_until_stopped(None, job, handler, *args)
+            return await run_until_stopped(None, job, handler, *args)
         except Cancelled:
             raise gr.Error(CANCELLED, print_exception=False) from None
 
