@@ -117,7 +117,7 @@ def running_app(
         "HF_HUB_OFFLINE": "1",
         "YOLO_OFFLINE": "1",
         "GRADIO_ANALYTICS_ENABLED": "False",
-        SHARE_ENV: os.environ.get(SHARE_ENV, str(app.MAX_QUEUE)),
+        SHARE_ENV: os.environ.get(SHARE_ENV, "1000"),
         CLIENT_SECONDS_ENV: os.environ.get(CLIENT_SECONDS_ENV, "100000"),
     }
     with environment(**settings):

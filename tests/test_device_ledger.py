@@ -28,6 +28,16 @@ def test_holds_are_forgotten_once_older_than_the_window():
     assert ledger.used("a") == 50.0
     clock.now = 901
     assert ledger.used("a") == 0.0 and ledger.used("nobody") == 0.0
+    assert ledger.clients == 0  # a client that never comes back is forgotten too
+
+
+def test_many_clients_are_forgotten_without_coming_back():
+    clock = Clock()
+    ledger = DeviceLedger(window=600, clock=clock)
+    for second in range(10_000):
+        clock.now = float(second)
+        ledger.charge(f"10.0.{second // 256}.{second % 256}", 0.5)
+    assert ledger.clients == 601  # the last ten minutes' clients only
 
 
 def test_the_wait_is_until_enough_of_the_clients_time_has_left_the_window():

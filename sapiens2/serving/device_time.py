@@ -29,39 +29,49 @@ FEWER = "send a shorter clip or a smaller photo, or choose a smaller model size"
 
 
 class DeviceLedger:
-    """Seconds each client held the device over the last `window` seconds: one entry per hold, forgotten
-    once older than the window."""
+    """Seconds each client held the device over the last `window` seconds: one entry per hold, in the
+    order they ended, forgotten once older than the window (whoever the client), with a running total
+    per client."""
 
     def __init__(self, window: float = WINDOW, clock: Callable[[], float] = time.monotonic):
         self.window = window
         self.clock = clock
         self._lock = threading.Lock()
-        self._holds: dict[str, deque[tuple[float, float]]] = {}
+        self._holds: deque[tuple[float, str, float]] = deque()
         self._totals: dict[str, float] = {}
+
+    @property
+    def clients(self) -> int:
+        """Clients with device time in the window: what the ledger keeps besides its entries."""
+        with self._lock:
+            self._forget_old()
+            return len(self._totals)
+
+    def _forget_old(self) -> None:
+        oldest = self.clock() - self.window
+        while self._holds and self._holds[0][0] < oldest:
+            _, client, seconds = self._holds.popleft()
+            left = self._totals.pop(client, 0.0) - seconds
+            if left > 1e-9:
+                self._totals[client] = left
 
     def charge(self, client: str, seconds: float) -> None:
         with self._lock:
-            self._holds.setdefault(client, deque()).append((self.clock(), seconds))
+            self._forget_old()
+            self._holds.append((self.clock(), client, seconds))
             self._totals[client] = self._totals.get(client, 0.0) + seconds
 
     def used(self, client: str) -> float:
         """Seconds `client` held the device within the window."""
         with self._lock:
-            holds = self._holds.get(client)
-            if holds is None:
-                return 0.0
-            oldest = self.clock() - self.window
-            while holds and holds[0][0] < oldest:
-                self._totals[client] -= holds.popleft()[1]
-            if not holds:
-                del self._holds[client], self._totals[client]
-                return 0.0
-            return self._totals[client]
+            self._forget_old()
+            return self._totals.get(client, 0.0)
 
     def wait_minutes(self, client: str, seconds_over: float) -> int:
         """Whole minutes until `seconds_over` of `client`'s device time have left the window."""
         with self._lock:
-            holds = list(self._holds.get(client, ()))
+            self._forget_old()
+            holds = [(ended, seconds) for ended, who, seconds in self._holds if who == client]
         freed, now = 0.0, self.clock()
         for ended, seconds in holds:
             freed += seconds
