@@ -55,7 +55,7 @@ def answer(url: str, api_name: str, event_id: str) -> tuple[str, object]:
 
 def test_a_long_video_lends_the_device_between_its_batches(server, clip):
     video = server.client().submit(handle_file(str(clip)), task="segment", api_name="/video")
-    with slow_forward(server, 0.1) as forward:  # 50 batches: at least 5 s of model time
+    with slow_forward(server, 0.2) as forward:  # 50 batches: at least 10 s of model time
         wait_for(lambda: forward.calls >= 2)
         with PeakMemory() as waited:
             picture, *_ = server.client().predict(handle_file(str(PHOTOS[0])), api_name="/features")
