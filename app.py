@@ -25,7 +25,9 @@ from sapiens2.serving import components, handlers, zerogpu
 from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.serving.device_time import DeviceBudget
 from sapiens2.serving.private_files import keep_files_private
+from sapiens2.serving.queue_share import share_the_queue
 from sapiens2.serving.requests import cancellable
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.serving.shutdown import exit_cleanly_on_signals
@@ -39,7 +41,9 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 EXAMPLES = [[str(ASSETS / "grace_hopper.jpg")], [str(ASSETS / "astronaut.png")]]
 # Every model event shares one concurrency group of two: one request's model work holds the device
 # (sapiens2.serving.device_slot.DeviceSlot, so the device never runs two forwards at once) while the one
-# before writes its pictures and files. Requests beyond the queue's size get "queue is full" at once.
+# before writes its pictures and files. Requests beyond the queue's size get "queue is full" at once, and
+# a client's beyond its share (sapiens2.serving.queue_share) are refused at once; each request, and each
+# client, may hold the device for so long (sapiens2.serving.device_time).
 MODEL_EVENTS = "models"
 MODEL_WORKERS = 2
 # Webcam streams have their own group: a stream holds its place there for its whole time, but takes the
@@ -96,6 +100,7 @@ def build_app(
     local = local or {}
     hosting = hosting or zerogpu.Hosting()
     slot = DeviceSlot()
+    budget = DeviceBudget()
     # Gradio's usage analytics go to its makers from every server that does not say no: only when asked.
     analytics = os.environ.get("GRADIO_ANALYTICS_ENABLED", "").strip().lower() in {"1", "true"}
     with gr.Blocks(title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE), analytics_enabled=analytics) as demo:
@@ -105,11 +110,11 @@ def build_app(
         with gr.Tabs():
             for task in TASKS.values():
                 with gr.Tab(task.title, id=task.name):
-                    _task_tab(task, runtime, scratch, slot, local.get(task.name, {}))
+                    _task_tab(task, runtime, scratch, slot, budget, local.get(task.name, {}))
             with gr.Tab("All tasks", id="all"):
-                _overview_tab(runtime, scratch, slot)
+                _overview_tab(runtime, scratch, slot, budget)
             with gr.Tab("Video", id="video"):
-                _video_tab(runtime, scratch, slot)
+                _video_tab(runtime, scratch, slot, budget)
             with gr.Tab("Live webcam", id="live"):
                 if hosting.live_unavailable:
                     gr.Markdown(f"### Live webcam\n{hosting.live_unavailable}", elem_id="live-note")
@@ -117,6 +122,7 @@ def build_app(
                     _live_tab(runtime, slot)
         gr.Markdown(LICENCE, elem_classes="studio-note")
     demo.device_slot = slot
+    demo.device_budget = budget
     return demo
 
 
@@ -130,6 +136,7 @@ def launch(
 ):
     """Start the server with the app's queue limits, theme and upload cap."""
     demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
+    share_the_queue(demo, MODEL_EVENTS)
     keep_files_private(demo.GRADIO_CACHE)
     quota = Middleware(UploadQuota, window=CACHE_SWEEP + CACHE_LIFE)
     guards = [Middleware(BodyLimit), quota]
@@ -153,7 +160,12 @@ MODEL_EVENT = {"preprocess": False, "concurrency_id": MODEL_EVENTS, "concurrency
 
 
 def _task_tab(
-    task: Task, runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, local: dict[str, str]
+    task: Task,
+    runtime: Runtime,
+    scratch: ScratchSpace,
+    slot: DeviceSlot,
+    budget: DeviceBudget,
+    local: dict[str, str],
 ) -> None:
     """Input, model size (or a local fine-tuned model), the task's options and its outputs, wired to the
     endpoint /<task name>."""
@@ -177,7 +189,7 @@ def _task_tab(
             files = components.downloads(f"{task.name}-downloads")
     outputs = [*pictures, summary, timing, files, *([cloud] if cloud else [])]
     event = button.click(
-        cancellable(handlers.task_handler(task, runtime, scratch, slot, local)),
+        cancellable(handlers.task_handler(task, runtime, scratch, slot, local), budget),
         inputs=[image, size, *controls.values()],
         outputs=outputs,
         api_name=task.name,
@@ -189,7 +201,7 @@ def _task_tab(
     event.then(refresh, size, note, queue=False, api_visibility="private")
 
 
-def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> None:
+def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget: DeviceBudget) -> None:
     """One photo through every picture task, shown side by side; endpoint /all."""
     *first, last = [TASKS[name].title.lower() for name in ALL_TASKS]
     titles = f"{', '.join(first)} and {last}"
@@ -213,7 +225,7 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
             summary, timing = components.text_outputs()
             files = components.downloads("all-downloads")
     button.click(
-        cancellable(handlers.overview_handler(runtime, scratch, slot, sizes[0])),
+        cancellable(handlers.overview_handler(runtime, scratch, slot, sizes[0]), budget),
         inputs=[image, size],
         outputs=[*pictures, summary, timing, files],
         api_name="all",
@@ -222,7 +234,7 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
     )
 
 
-def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> None:
+def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget: DeviceBudget) -> None:
     """A short clip through a chosen task, frame by frame; endpoint /video."""
     limits = Limits.from_env()
     gr.Markdown(
@@ -251,7 +263,7 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Non
         api_visibility="private",
     )
     button.click(
-        cancellable(handlers.video_handler(runtime, scratch, slot)),
+        cancellable(handlers.video_handler(runtime, scratch, slot), budget),
         inputs=[clip, choice, size],
         outputs=[shown, summary, files],
         api_name="video",

@@ -30,6 +30,11 @@ class LimitError(Sapiens2Error, ValueError):
     limit and how to get under it."""
 
 
+class DeviceTimeError(LimitError):
+    """A request used all the device time it may (its own, or what its client has left); the message says
+    the limit and how to get under it."""
+
+
 class OutOfSpaceError(Sapiens2Error, OSError):
     """The disk is full: a file could not be written (nothing partial is left)."""
 

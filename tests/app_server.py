@@ -20,6 +20,8 @@ import gradio_client
 import app
 from sapiens2.runtime.cache import ModelCache
 from sapiens2.runtime.runtime import Runtime
+from sapiens2.serving.device_time import CLIENT_SECONDS_ENV
+from sapiens2.serving.queue_share import SHARE_ENV
 from sapiens2.serving.scratch import ScratchSpace
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -105,12 +107,18 @@ def running_app(
     cache: ModelCache | None = None,
     local: dict[str, dict[str, str]] | None = None,
 ) -> Iterator[Server]:
-    """The app on a free 127.0.0.1 port, offline, loading checkpoints from `checkpoint_dir`."""
+    """The app on a free 127.0.0.1 port, offline, loading checkpoints from `checkpoint_dir`.
+
+    Every test client comes from 127.0.0.1, so tests that play many users at once lift the per-client
+    share of the queue and of device time, unless they set them (the tests of those shares do).
+    """
     settings = {
         "SAPIENS2_CHECKPOINT_DIR": str(checkpoint_dir),
         "HF_HUB_OFFLINE": "1",
         "YOLO_OFFLINE": "1",
         "GRADIO_ANALYTICS_ENABLED": "False",
+        SHARE_ENV: os.environ.get(SHARE_ENV, "1000"),
+        CLIENT_SECONDS_ENV: os.environ.get(CLIENT_SECONDS_ENV, "100000"),
     }
     with environment(**settings):
         runtime = Runtime(device="cpu", dtype="fp32", detector=detector, cache=cache)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from sapiens2.errors import DeviceTimeError
 from sapiens2.progress import Progress, within
 from sapiens2.runtime.jobs import check_cancelled
 from sapiens2.runtime.runtime import Runtime
@@ -336,18 +337,28 @@ def video_outputs(
     return paths
 
 
-def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = None) -> VideoResult:
+def process_video(
+    runtime: Runtime,
+    job: VideoJob,
+    progress: Progress | None = None,
+    hold: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> VideoResult:
     """Run a video job: the task on the video's frames, writing the video and the task's frame log.
 
-    `progress(fraction, text)` follows each batch.
+    `progress(fraction, text)` follows each batch. `hold()`, when given, is held around the model's
+    loading and around each batch's model work, and let go between them (the app lends its device to
+    other requests there). A request that runs out of device time (DeviceTimeError) after some frames
+    keeps them: the video and files hold those frames, and a note says why the rest were left out.
     """
+    hold = hold or contextlib.nullcontext
     task = get_task(job.task)
     options = task.coerce_options(job.options, runtime.device)
     batch_size = job.batch_size or runtime.batch_size
     stem = job.output_stem
     target = video_outputs(task, job.out_dir, stem, video_format=job.video_format)[0]
     # Load the model before the clock starts, and fail before decoding.
-    runtime.prepare(job.model or task.repo_id(job.size), progress)
+    with hold():
+        runtime.prepare(job.model or task.repo_id(job.size), progress)
     log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
     capture = _open(job.path)
     try:
@@ -368,17 +379,24 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
         )
         start = time.perf_counter()
         with reader, sink or contextlib.nullcontext():
-            frames, persons = 0, None
+            frames, persons, stopped = 0, None, None
             if progress is not None:
                 progress(0.0, f"0 of {total or '?'} frames: decoding")
             for batch in _batches(reader, batch_size):
-                check_cancelled()
                 done = f"{frames} of {total or '?'} frames: "
                 step = within(progress, *_span(frames, len(batch), total), done)
                 images = [rgb for _, rgb in batch]
-                results = runtime.run_batch(
-                    task.name, images, size=job.size, model=job.model, progress=step, **options
-                )
+                try:
+                    check_cancelled()
+                    with hold():
+                        results = runtime.run_batch(
+                            task.name, images, size=job.size, model=job.model, progress=step, **options
+                        )
+                except DeviceTimeError as error:
+                    if frames == 0:
+                        raise
+                    stopped = error
+                    break
                 for (index, _), result in zip(batch, results, strict=True):
                     if sink is not None:
                         sink.write(result.pictures[0][1])
@@ -394,6 +412,8 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
         seconds = time.perf_counter() - start
     finally:
         capture.release()
+    cut_at = frames if reader.cut_short and stopped is None else None
+    notes = _notes(info, job.max_seconds, cut_at) + _stop_note(stopped, frames)
     return VideoResult(
         video_path=sink.path if sink is not None else None,
         log_path=log.write(Path(job.out_dir), stem) if log is not None else None,
@@ -402,8 +422,15 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
         fps=info.fps / job.stride,
         seconds=seconds,
         persons=persons,
-        notes=_notes(info, job.max_seconds, frames if reader.cut_short else None),
+        notes=notes,
     )
+
+
+def _stop_note(stopped: DeviceTimeError | None, frames: int) -> list[str]:
+    """Why the run ended before the video did, when it ran out of device time."""
+    if stopped is None:
+        return []
+    return [f"{stopped} The first {frames} frames were processed: the video and its files hold them."]
 
 
 def _span(done: int, batch: int, total: int | None) -> tuple[float, float]:

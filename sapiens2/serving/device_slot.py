@@ -3,7 +3,8 @@
 `DeviceSlot` lends the device to one request at a time, in arrival order, and to live-stream frames only
 between requests: a frame is one short turn, taken only when the device is free, and never twice in a row
 while a request waits, so a stream gets at most every other turn and never holds the device for longer than
-one frame.
+one frame. Each request's hold is timed and charged to its job's budget (sapiens2.serving.device_time),
+so every entry point counts the same.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from sapiens2.runtime.jobs import Cancelled, Job
 
@@ -42,7 +43,8 @@ class DeviceSlot:
 
     @contextmanager
     def request(self, job: Job | None = None, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-        """Hold the device for a request's whole work, waiting for the requests before it.
+        """Hold the device for a piece of a request's work, waiting for the requests before it; the hold
+        is charged to the job's budget.
 
         A job cancelled while waiting leaves the line (Cancelled); `on_wait()` is called once if it waits.
         """
@@ -64,7 +66,8 @@ class DeviceSlot:
             self._frame_ran_last = False
             self.turns["request"] += 1
         try:
-            yield
+            with job.budget.holding() if job is not None and job.budget is not None else nullcontext():
+                yield
         finally:
             self._release()
 

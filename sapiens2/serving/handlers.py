@@ -150,8 +150,8 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
                 limits=limits,
             )
             report = reporter(progress)
-            with holding_device(slot, report):
-                result = process_video(runtime, job, report)
+            # The device is held batch by batch: other requests run between a clip's batches.
+            result = process_video(runtime, job, report, hold=lambda: holding_device(slot, report))
             check_output(scratch, folder)
         line = (
             f"{result.frames} frames at {result.frames_per_second:.1f} frames per second, "

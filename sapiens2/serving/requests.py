@@ -1,5 +1,6 @@
 """What every request of the web app goes through: only uploaded files read, a cancellable job on a
-thread, the device held for the model work alone, errors as sentences and the output limit checked.
+thread, the device held for the model work alone and within the request's device time, errors as
+sentences and the output limit checked.
 
 `run_until_stopped` runs blocking work on a thread for an asyncio caller and, when the caller is cancelled,
 flags the job and waits until the work has really stopped before letting the cancellation go on: whoever
@@ -22,12 +23,14 @@ from typing import Any, TypeVar
 import gradio as gr
 from gradio.utils import get_upload_folder, is_in_or_equal
 
-from sapiens2.errors import LimitError
+from sapiens2.errors import DeviceTimeError, LimitError
 from sapiens2.progress import Progress
 from sapiens2.runtime.jobs import Cancelled, Job, current_job, running
 from sapiens2.runtime.messages import describe_error, is_expected
 from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.serving.device_time import DeviceBudget
 from sapiens2.serving.scratch import ScratchSpace
+from sapiens2.serving.uploads import client_address
 from sapiens2.vision.images import sanitize_filename
 from sapiens2.vision.limits import Limits
 
@@ -138,28 +141,47 @@ def check_output(scratch: ScratchSpace, folder: Path) -> None:
 @contextmanager
 def holding_device(slot: DeviceSlot, report: Progress | None) -> Iterator[None]:
     """Hold the device for a request's model work, after the requests before it (the page is told while it
-    waits); pictures and files are written after, off the device, while the next request runs."""
+    waits), charged to the request's device time; pictures and files are written after, off the device,
+    while the next request runs."""
     with slot.request(current_job(), on_wait=lambda: stage(report, WAITING)):
         yield
 
 
-def cancellable(handler: Callable) -> Callable:
-    """The handler as Gradio runs it: on a thread, as a job that cancelling can stop.
+def cancellable(handler: Callable, budget: DeviceBudget | None = None) -> Callable:
+    """The handler as Gradio runs it: on a thread, as a job that cancelling can stop, within the device
+    time `budget` gives the request and its client.
 
     Cancelling the request (Job.cancel() in gradio_client, the page's stop button) or closing the page
     stops the work at its next check between batches, frames or tasks; Gradio's own slot is given back
-    only once the work has stopped, so no cancelled work runs on beside the next request.
+    only once the work has stopped, so no cancelled work runs on beside the next request. A request that
+    uses up its device time stops at the same checks, with a sentence; a client with none left is refused
+    before it waits.
     """
 
     @functools.wraps(handler)
     async def run(*args: Any) -> Any:
-        job = Job(_client_connected())
+        account = None
+        if budget is not None:
+            try:
+                account = budget.account(_client(budget.trusted_proxies))
+            except DeviceTimeError as error:
+                raise gr.Error(describe_error(error, public=True), print_exception=False) from None
+        job = Job(_client_connected(), budget=account)
         try:
             return await run_until_stopped(None, job, handler, *args)
         except Cancelled:
             raise gr.Error(CANCELLED, print_exception=False) from None
 
     return run
+
+
+def _client(trusted_proxies: int) -> str:
+    """Who sent the request running in this context: its address, as the upload quota counts it."""
+    from gradio.context import LocalContext
+
+    request = getattr(LocalContext.request.get(None), "request", None)
+    scope = getattr(request, "scope", None)
+    return client_address(scope, trusted_proxies) if scope is not None else "unknown"
 
 
 def _client_connected() -> Callable[[], bool] | None:

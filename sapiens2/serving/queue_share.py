@@ -1,0 +1,59 @@
+"""How many places of the model queue one client may hold: its requests waiting or running, at most N.
+
+Gradio's queue takes requests from anyone up to its size, so one client naming one upload in many calls
+could hold every place. The share is checked where Gradio files a request (its queue's `push`, behind both
+/gradio_api/queue/join and /gradio_api/call/<name>): the client's events in the model group, waiting or
+running, are counted from the queue itself, so a request is counted exactly until Gradio is done with it.
+One more is refused at once with HTTP 429 and a sentence. A client is its address, as the upload quota
+counts it (`SAPIENS2_TRUSTED_PROXIES`). Gradio has no public hook there: `share_the_queue` checks, when it
+is installed, that the queue still has the parts it counts, and fails loudly if not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import HTTPException
+
+from sapiens2.serving.uploads import PROXIES_ENV, client_address, env_number
+
+SHARE_ENV = "SAPIENS2_MAX_QUEUED_PER_CLIENT"
+DEFAULT_SHARE = 2
+
+
+def share_the_queue(demo: Any, concurrency_id: str) -> None:
+    """Refuse a client's model request (events of `concurrency_id`) beyond its share of `demo`'s queue."""
+    queue = demo._queue
+    for part in ("push", "active_jobs", "event_queue_per_concurrency_id"):
+        if not hasattr(queue, part):
+            raise RuntimeError(f"Gradio's queue has no {part!r}: the per-client share cannot be counted.")
+    share = env_number(SHARE_ENV, DEFAULT_SHARE, 1)
+    trusted_proxies = env_number(PROXIES_ENV, 0, 0)
+    push = queue.push
+
+    def client_of(request: Any) -> str | None:
+        scope = getattr(request, "scope", None)
+        return client_address(scope, trusted_proxies) if scope is not None else None
+
+    def held_by(client: str) -> int:
+        waiting = queue.event_queue_per_concurrency_id.get(concurrency_id)
+        events = [*(waiting.queue if waiting else ()), *(e for job in queue.active_jobs if job for e in job)]
+        return sum(1 for e in events if e.concurrency_id == concurrency_id and client_of(e.request) == client)
+
+    async def shared_push(body: Any, request: Any, username: str | None) -> Any:
+        fn = demo.fns.get(body.fn_index) if body.fn_index is not None else None
+        client = client_of(request)
+        if fn is not None and fn.concurrency_id == concurrency_id and client is not None:
+            if held_by(client) >= share:
+                raise HTTPException(status_code=429, detail=refusal(share))
+        return await push(body=body, request=request, username=username)
+
+    queue.push = shared_push
+
+
+def refusal(share: int) -> str:
+    places = "one request" if share == 1 else f"{share} requests"
+    return (
+        f"Request refused: you already have {places} waiting or running, this server's limit per person, "
+        "so that everyone gets a turn. Please wait for an answer before sending more."
+    )
