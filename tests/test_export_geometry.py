@@ -186,7 +186,11 @@ def test_the_depth_document_holds_the_camera_and_the_png_scale():
     points, label = pinhole_scene()
     camera = fit_intrinsics(points, label != WALL)
     document = export.depth_document(
-        model_id="m", image_size=(HEIGHT, WIDTH), foreground_points=7, camera=camera, depth_scale=0.001,
+        model_id="m",
+        image_size=(HEIGHT, WIDTH),
+        foreground_points=7,
+        camera=camera,
+        depth_scale=0.001,
         mesh_step=1,
     )
     text = json.dumps(document, allow_nan=False)

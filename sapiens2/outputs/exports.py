@@ -323,7 +323,7 @@ def write_depth_png(directory: str | os.PathLike, stem: str, depth: np.ndarray, 
 def write_normals_png(directory: str | os.PathLike, stem: str, normals: np.ndarray) -> list[Path]:
     """`{stem}_normals_16bit.png`: unit normals (H, W, 3) as 16-bit RGB, value = (n + 1) / 2 x 65535 per
     axis (x, y, z of the camera: right, down, away)."""
-    normals = _checked(normals, 3, "normals").astype(np.float64)
+    normals = _checked(normals, 3, "normals").astype(np.float32)
     levels = np.round((np.clip(normals, -1.0, 1.0) + 1.0) * (65535 / 2)).astype(np.uint16)
     text = {"Description": "Unit normals: n = value / 65535 x 2 - 1 per channel (x right, y down, z away)."}
     return [_atomic_write(_target(directory, stem, "_normals_16bit.png"), _png(levels, text))]
