@@ -185,7 +185,11 @@ def _task_tab(
         with gr.Column(scale=3):
             pictures = components.picture_outputs(task.picture_titles, f"{task.name}-picture")
             summary, timing = components.text_outputs()
-            cloud = gr.Model3D(label=task.viewer_title, height=420) if task.viewer_title else None
+            cloud = (
+                gr.Model3D(label=task.viewer_title, height=420, elem_id=f"{task.name}-viewer")
+                if task.viewer_title
+                else None
+            )
             files = components.downloads(f"{task.name}-downloads")
     outputs = [*pictures, summary, timing, files, *([cloud] if cloud else [])]
     event = button.click(

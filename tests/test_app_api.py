@@ -46,7 +46,11 @@ def check_export(path: str, stem: str, size: tuple[int, int]) -> None:
     """The file opens and has the shape the photo of `size` (width, height) calls for."""
     width, height = size
     suffix = Path(path).name.removeprefix(stem)
-    if suffix.endswith(".json"):
+    if suffix == "_depth.json":
+        document = json.loads(Path(path).read_text())
+        assert document["image"] == {"width": width, "height": height}
+        assert document["depth_png"]["metres_per_unit"] > 0 and "camera" in document
+    elif suffix.endswith(".json"):
         document = json.loads(Path(path).read_text())
         assert document["image"] == {"width": width, "height": height}
         assert document["persons"], "the pose document lists no person"
@@ -54,6 +58,9 @@ def check_export(path: str, stem: str, size: tuple[int, int]) -> None:
     elif suffix.endswith(".png"):
         with Image.open(path) as image:
             assert image.size == size
+    elif suffix.endswith(".glb"):
+        data = Path(path).read_bytes()
+        assert data[:4] == b"glTF" and int.from_bytes(data[8:12], "little") == len(data)
     elif suffix.endswith(".ply"):
         header = read_ply_header(path)
         assert header[0] == "ply"
@@ -98,7 +105,7 @@ def test_every_task_endpoint_returns_full_size_pictures_and_its_files(client, in
     for path in files:
         check_export(path, stem, photo_size(photo))
     if entry.viewer_title:
-        assert Path(outputs[-1]).name == f"{stem}_points_preview.ply" and len(outputs) == count + 4
+        assert Path(outputs[-1]).name == f"{stem}_mesh_preview.glb" and len(outputs) == count + 4
         assert outputs[-1] not in files, "the viewer's preview is not one of the downloads"
     else:
         assert len(outputs) == count + 3

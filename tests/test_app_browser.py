@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from app_server import PHOTOS
+from PIL import Image
+
+from sapiens2.pipelines import depth
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
@@ -77,6 +82,43 @@ def test_pose_keypoint_files_can_be_chosen_in_the_tab_and_the_controlnet_picture
     assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
 
 
+def sphere_before_a_wall(size) -> torch.Tensor:
+    """A pointmap (1, 3, H, W): a ball of 0.6 m radius 2.5 m away, before a wall 4 m away, through a camera
+    whose focal length is the photo's width."""
+    height, width = size
+    rows, columns = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    rays = torch.stack([(columns - width / 2) / width, (rows - height / 2) / width, torch.ones_like(rows)])
+    centre, radius = torch.tensor([0.0, 0.0, 2.5]).view(3, 1, 1), 0.6
+    along, squared = (rays * centre).sum(0), (rays * rays).sum(0)
+    discriminant = along**2 - squared * (centre.square().sum() - radius**2)
+    ball = (along - discriminant.clamp(min=0).sqrt()) / squared
+    depth = torch.where(discriminant > 0, ball, torch.full_like(ball, 4.0))
+    return (rays * depth)[None].float()
+
+
+def test_the_depth_tab_shows_the_mesh_of_a_12_megapixel_photo(page, tmp_path, monkeypatch):
+    # The tiny checkpoint's random weights predict noise: the model still runs, and a known scene takes the
+    # place of its points, so that the viewer has a shape to show.
+    monkeypatch.setattr(depth, "pointmap_to_image", lambda *args, **kwargs: sphere_before_a_wall(args[4]))
+    photo = tmp_path / "twelve_megapixels.jpg"
+    Image.open(PHOTOS[1]).convert("RGB").resize((4000, 3000)).save(photo, quality=90)
+    page.get_by_role("tab", name="Depth", exact=True).click()
+    page.get_by_label("Remove background (body-part model)").locator("visible=true").uncheck()
+    run_in_tab(page, "Depth", "depth", photo)
+    viewer = page.locator("#depth-viewer canvas")
+    viewer.wait_for(timeout=RESULT_TIMEOUT_MS)
+    page.wait_for_timeout(3000)  # the viewer loads the file and draws its first frames
+    viewer.screenshot(path=str(tmp_path / "mesh.png"))
+    page.screenshot(path=str(tmp_path / "depth-tab.png"), full_page=True)
+    shown = np.asarray(Image.open(tmp_path / "mesh.png").convert("RGB")).astype(int)
+    assert shown.std(axis=(0, 1)).max() > 20, "the viewer shows a coloured shape, not a blank canvas"
+    assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
+    page.locator("#depth-downloads").get_by_text("twelve_megapixels_mesh", exact=True).wait_for()
+    listed = "".join(page.locator("#depth-downloads tr").all_inner_texts()).replace("\n", "")
+    for suffix in ("_mesh.glb", "_depth.json", "_depth_16bit.png", "_points.ply"):
+        assert f"twelve_megapixels{suffix}" in listed, listed
+
+
 def test_running_without_a_photo_shows_an_error_sentence(page):
     page.locator("#pose-run").click()
     toast = page.locator(ERROR_TOASTS).first
@@ -141,7 +183,7 @@ def test_all_tasks_reads_at_1440_pixels_wide(browser, server):
     downloads = page.locator("#all-downloads")
     downloads.get_by_text("grace_hopper_composite").wait_for()
     rows = downloads.locator("tr")
-    assert rows.count() == 10  # pose: JSON and ControlNet picture; 8 of the other tasks
+    assert rows.count() == 14  # pose: JSON and ControlNet picture; 12 of the other tasks
     listed = downloads.evaluate("node => [node.scrollHeight, node.clientHeight]")
     assert listed[0] <= listed[1] + 1, "every download is in view, none behind a scroll bar"
     for index in range(rows.count()):

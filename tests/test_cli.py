@@ -47,8 +47,9 @@ def test_each_thing_has_one_file_name():
         "photo_pose.json", "photo_pose.png", "photo_controlnet.png",
         "photo_segmentation.png", "photo_segmentation.npy",
         "photo_segmentation_overlay.png", "photo_segmentation_legend.png",
-        "photo_normals.npy", "photo_normals.png",
+        "photo_normals.npy", "photo_normals.png", "photo_normals_16bit.png",
         "photo_depth.npy", "photo_depth.png", "photo_points.ply",
+        "photo_depth_16bit.png", "photo_depth.json", "photo_mesh.glb",
         "photo_alpha.png", "photo_cutout.png", "photo_composite.png",
         "photo_cls.npy", "photo_patches.npy", "photo_features_pca.png",
     }  # fmt: skip
@@ -184,6 +185,7 @@ def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
         "_segmentation_overlay.png",
         *("_segmentation_legend.png", "_normals.npy", "_normals.png", "_depth.npy", "_points.ply"),
         *("_depth.png", "_alpha.png", "_cutout.png", "_composite.png"),
+        *("_normals_16bit.png", "_depth_16bit.png", "_depth.json", "_mesh.glb"),
     }
     assert "Done in" in printed and f"{len(expected)} files written" in printed
     assert "broken.jpg: The image file is incomplete" in printed and "1 failure:" in printed
@@ -219,6 +221,17 @@ def test_chosen_exports_only_and_photos_that_differ_by_extension(photos, setup_a
     assert files_under(out) == {"photo.jpg_segmentation.npy", "photo.png_segmentation.npy"}
     first = np.load(out / "photo.jpg_segmentation.npy")
     assert first.shape == (600, 512) and np.load(out / "photo.png_segmentation.npy").shape == (512, 512)
+
+
+def test_depth_writes_its_mesh_and_its_camera_when_glb_and_json_are_chosen(photos, setup_args, tmp_path):
+    photo = photos / "grace_hopper.jpg"
+    chosen = ("--no-pictures", "--exports", "glb,json")
+    status, _ = run_cli("depth", photo, "--out", tmp_path, *chosen, *setup_args)
+    assert status == EXIT_OK
+    assert files_under(tmp_path) == {"grace_hopper_mesh.glb", "grace_hopper_depth.json"}
+    assert (tmp_path / "grace_hopper_mesh.glb").read_bytes()[:4] == b"glTF"
+    document = json.loads((tmp_path / "grace_hopper_depth.json").read_text())
+    assert document["image"] == {"width": 512, "height": 600} and document["mesh"]["grid_step"] == 1
 
 
 def test_model_option_takes_a_checkpoint_folder(photos, small_mirror, tmp_path):

@@ -266,27 +266,3 @@ def test_writes_are_atomic_and_stems_stay_in_the_folder(tmp_path, monkeypatch):
         export.write_depth(out, "frame", np.zeros((4, 4)))
     assert first.read_bytes() == old, "a failed write leaves the previous file whole"
     assert sorted(p.name for p in out.iterdir()) == ["frame_depth.npy"], "no temporary file is left behind"
-
-
-def test_the_point_cloud_preview_of_a_12_megapixel_photo_stays_small(tmp_path):
-    height, width = 3000, 4000
-    rows, columns = np.mgrid[0:height, 0:width].astype(np.float32)
-    # A person-like cloud: camera space, y down, 2 m away, 40% of the photo foreground.
-    points = np.dstack([(columns - width / 2) / 1000, (rows - height / 2) / 1000 + 0.3, 2 + 0 * rows])
-    image = np.dstack([rows * 255 / height, columns * 255 / width, np.full_like(rows, 90)]).astype(np.uint8)
-    foreground = np.zeros((height, width), bool)
-    foreground[:, 1200:2800] = True
-    full = export.write_point_cloud(tmp_path, "photo", points, image, foreground)[0]
-    preview = export.write_point_cloud_preview(tmp_path, "photo", points, image, foreground)
-    assert preview.name == "photo_points_preview.ply"
-    assert full.stat().st_size > 70e6 and preview.stat().st_size < 3.1e6
-    header, _, body = preview.read_bytes().partition(b"end_header\n")
-    vertex = np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("r", "u1"), ("g", "u1"), ("b", "u1")])
-    cloud = np.frombuffer(body, vertex)
-    assert len(cloud) == export.PREVIEW_POINTS and b"element vertex 200000" in header
-    xyz = np.stack([cloud["x"], cloud["y"], cloud["z"]], axis=1)
-    assert np.abs(np.median(xyz, axis=0)).max() < 0.01, "centred"
-    top, bottom = cloud["y"][cloud["r"] < 20].mean(), cloud["y"][cloud["r"] > 235].mean()
-    assert top > 0 > bottom, "the top of the photo is up (y up) in the viewer"
-    left, right = cloud["x"][cloud["g"] < 90].mean(), cloud["x"][cloud["g"] > 160].mean()
-    assert left < 0 < right, "the left of the photo stays on the left"

@@ -16,14 +16,14 @@ from sapiens2.outputs.exports import write_picture
 from sapiens2.outputs.results import TaskResult
 from sapiens2.tasks import Task
 
-EXPORT_KINDS = ("json", "png", "npy", "ply")
+EXPORT_KINDS = ("json", "png", "npy", "ply", "glb")
 NAME_MAX, PATH_MAX = 255, 4095  # bytes of one part of a path and of a whole path (Linux)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What to write: export kinds (json, png, npy, ply), whether to write pictures, the videos' format, and
-    the task options by name (some choose files: pose's keypoint formats)."""
+    """What to write: export kinds (json, png, npy, ply, glb), whether to write pictures, the videos'
+    format, and the task options by name (some choose files: pose's keypoint formats)."""
 
     exports: frozenset[str]
     pictures: bool

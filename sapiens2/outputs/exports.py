@@ -1,4 +1,4 @@
-"""Writers of predictions to files (JSON, PNG, .npy, binary .ply), each written atomically.
+"""Writers of predictions to files (JSON, PNG, .npy, binary .ply, .glb), each written atomically.
 
 Every writer takes an output directory and a file stem, and returns the paths it wrote. A file appears
 under its final name only once complete: it is written to a hidden temporary name, then renamed.
@@ -10,6 +10,8 @@ import errno
 import json
 import os
 import secrets
+import struct
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -18,14 +20,18 @@ import cv2
 import numpy as np
 
 from sapiens2.errors import OutOfSpaceError
+from sapiens2.outputs.mesh import MAX_RELATIVE_JUMP, VIEWER_FACES, pointmap_mesh, step_for_faces, write_glb
 from sapiens2.vision.dense import alpha_to_uint8
 from sapiens2.vision.detector import Detections
+from sapiens2.vision.intrinsics import Intrinsics
 from sapiens2.vision.pose_decoding import Person
 
 POSE_FORMAT = "sapiens2-pose"
 POSE_FORMAT_VERSION = 1
 POSE_FRAMES_SUFFIX = "_predictions.json"
-PREVIEW_POINTS = 200_000  # 3 MB of binary PLY: what a browser's 3-D viewer loads without strain
+DEPTH_FORMAT = "sapiens2-depth"
+DEPTH_FORMAT_VERSION = 1
+PINHOLE = "pinhole: u = fx X/Z + cx, v = fy Y/Z + cy; pixel centres at integers (column u, row v)"
 Writer = Callable[[BinaryIO], None]
 
 
@@ -83,14 +89,22 @@ def _json(document: Any) -> Writer:
     return _bytes(text.encode("utf-8"))
 
 
-def _png(picture: np.ndarray) -> Writer:
-    """Lossless PNG of a uint8 grey (H, W), RGB or RGBA picture."""
+def _png(picture: np.ndarray, text: dict[str, str] | None = None) -> Writer:
+    """Lossless PNG of a uint8 or uint16 grey (H, W), RGB or RGBA picture, with Latin-1 `text` chunks
+    (tEXt) right after the header chunk (IHDR: 8 bytes of signature, then 25 bytes)."""
     if picture.ndim == 3:
         picture = cv2.cvtColor(picture, cv2.COLOR_RGBA2BGRA if picture.shape[2] == 4 else cv2.COLOR_RGB2BGR)
     ok, encoded = cv2.imencode(".png", picture)
     if not ok:
         raise ValueError(f"cannot encode a {picture.dtype} {picture.shape} array as PNG")
-    return _bytes(memoryview(encoded))
+    if not text:
+        return _bytes(memoryview(encoded))
+    chunks = []
+    for keyword, value in text.items():
+        body = b"tEXt" + keyword.encode("latin-1") + b"\0" + value.encode("latin-1")
+        chunks.append(struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body)))
+    data = encoded.tobytes()
+    return _bytes(data[:33] + b"".join(chunks) + data[33:])
 
 
 def _rounded(values: np.ndarray, digits: int) -> list:
@@ -194,6 +208,32 @@ def pose_frames_document(
     }
 
 
+def depth_document(
+    *,
+    model_id: str,
+    image_size: tuple[int, int],
+    foreground_points: int,
+    camera: Intrinsics | None,
+    depth_scale: float,
+    mesh_step: int,
+) -> dict:
+    """The depth JSON of one photo: the camera its pointmap implies, the 16-bit PNG's scale and the mesh's
+    grid step."""
+    height, width = image_size
+    return {
+        "format": DEPTH_FORMAT,
+        "version": DEPTH_FORMAT_VERSION,
+        "model": model_id,
+        "image": {"width": int(width), "height": int(height)},
+        "units": "metres, at the model's scale",
+        "axes": "camera: x right, y down, z away from the camera; the .glb mesh has glTF's (x, -y, -z)",
+        "foreground_points": int(foreground_points),
+        "camera": None if camera is None else {**camera.as_dict(), "model": PINHOLE},
+        "depth_png": {"suffix": "_depth_16bit.png", "metres_per_unit": depth_scale, "zero": "no depth"},
+        "mesh": {"suffix": "_mesh.glb", "grid_step": int(mesh_step), "max_relative_jump": MAX_RELATIVE_JUMP},
+    }  # fmt: skip
+
+
 def write_pose_frames_json(
     directory: str | os.PathLike,
     stem: str,
@@ -255,6 +295,40 @@ def write_depth(directory: str | os.PathLike, stem: str, depth: np.ndarray) -> l
     return [_atomic_write(_target(directory, stem, "_depth.npy"), _npy(depth))]
 
 
+DEPTH_SCALE_KEY = "Depth scale"  # the tEXt keyword of the 16-bit depth PNG's metres per unit
+DEPTH_LEVELS = 65535  # 16-bit levels; 0 is kept for pixels without a depth
+
+
+def depth_png_scale(depth: np.ndarray) -> float:
+    """Metres per unit of the 16-bit depth PNG: the farthest finite depth maps to DEPTH_LEVELS (1.0 when
+    there is none)."""
+    usable = depth[np.isfinite(depth) & (depth > 0)]
+    return float(usable.max()) / DEPTH_LEVELS if usable.size else 1.0
+
+
+def write_depth_png(directory: str | os.PathLike, stem: str, depth: np.ndarray, scale: float) -> list[Path]:
+    """`{stem}_depth_16bit.png`: depth (H, W) as 16-bit grey, depth = value x `scale` metres; 0 where the
+    depth is not finite or not in front of the camera. The scale is in the file's "Depth scale" text."""
+    depth = _checked(depth, None, "depth").astype(np.float64)
+    usable = np.isfinite(depth) & (depth > 0)
+    levels = np.zeros(depth.shape, dtype=np.uint16)
+    levels[usable] = np.clip(np.round(depth[usable] / scale), 1, DEPTH_LEVELS)
+    text = {
+        DEPTH_SCALE_KEY: repr(scale),
+        "Description": f"Depth in metres = value x {scale!r}; 0 = no depth.",
+    }
+    return [_atomic_write(_target(directory, stem, "_depth_16bit.png"), _png(levels, text))]
+
+
+def write_normals_png(directory: str | os.PathLike, stem: str, normals: np.ndarray) -> list[Path]:
+    """`{stem}_normals_16bit.png`: unit normals (H, W, 3) as 16-bit RGB, value = (n + 1) / 2 x 65535 per
+    axis (x, y, z of the camera: right, down, away)."""
+    normals = _checked(normals, 3, "normals").astype(np.float32)
+    levels = np.round((np.clip(normals, -1.0, 1.0) + 1.0) * (65535 / 2)).astype(np.uint16)
+    text = {"Description": "Unit normals: n = value / 65535 x 2 - 1 per channel (x right, y down, z away)."}
+    return [_atomic_write(_target(directory, stem, "_normals_16bit.png"), _png(levels, text))]
+
+
 def _ply(points: np.ndarray, colors: np.ndarray) -> Writer:
     """Binary little-endian PLY of points (N, 3) coloured (N, 3) uint8: x y z float, red green blue uchar."""
     header = "\n".join([
@@ -278,16 +352,24 @@ def _ply(points: np.ndarray, colors: np.ndarray) -> Writer:
     return write
 
 
-def _foreground_points(
+def _pointmap_inputs(
     points: np.ndarray, image: np.ndarray, foreground: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The finite foreground points (N, 3) of a pointmap (H, W, 3) and their colours (N, 3) uint8."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A pointmap (H, W, 3), its uint8 photo (H, W, 3) and its foreground (H, W) as bool, checked."""
     points = _checked(points, 3, "points")
     image = _checked(image, 3, "image")
     foreground = _checked(foreground, None, "foreground")
     if not points.shape[:2] == image.shape[:2] == foreground.shape or image.dtype != np.uint8:
         raise ValueError("points, a uint8 image and the foreground mask must share their (H, W)")
-    keep = (foreground.astype(bool) & np.isfinite(points).all(axis=2)).ravel()
+    return points, image, foreground.astype(bool, copy=False)
+
+
+def _foreground_points(
+    points: np.ndarray, image: np.ndarray, foreground: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The finite foreground points (N, 3) of a pointmap (H, W, 3) and their colours (N, 3) uint8."""
+    points, image, foreground = _pointmap_inputs(points, image, foreground)
+    keep = (foreground & np.isfinite(points).all(axis=2)).ravel()
     # np.compress on flat rows is several times faster than boolean indexing of an (H, W, 3) array.
     return np.compress(keep, points.reshape(-1, 3), axis=0), np.compress(keep, image.reshape(-1, 3), axis=0)
 
@@ -303,24 +385,36 @@ def write_point_cloud(
     return [_atomic_write(_target(directory, stem, "_points.ply"), _ply(xyz, rgb))]
 
 
-def write_point_cloud_preview(
+def write_mesh(
     directory: str | os.PathLike,
     stem: str,
     points: np.ndarray,
     image: np.ndarray,
     foreground: np.ndarray,
-    budget: int = PREVIEW_POINTS,
+    step: int = 1,
+) -> list[Path]:
+    """`{stem}_mesh.glb`: the pointmap (H, W, 3) as a mesh of its foreground pixels (every `step`-th row and
+    column), coloured by the photo (H, W, 3) uint8, on glTF's axes (see sapiens2.outputs.mesh)."""
+    mesh = pointmap_mesh(*_pointmap_inputs(points, image, foreground), step)
+    return [_atomic_write(_target(directory, stem, "_mesh.glb"), lambda file: write_glb(file, mesh))]
+
+
+def write_mesh_preview(
+    directory: str | os.PathLike,
+    stem: str,
+    points: np.ndarray,
+    image: np.ndarray,
+    foreground: np.ndarray,
+    max_faces: int = VIEWER_FACES,
 ) -> Path:
-    """`{stem}_points_preview.ply`: at most `budget` of the cloud's points, evenly spread over the photo, for
-    a 3-D viewer: centred on their median and turned from camera space (y down, z away) to a viewer's
-    (y up, z towards the eye), so the person stands upright and faces the viewer."""
-    xyz, rgb = _foreground_points(points, image, foreground)
-    if len(xyz) > budget:
-        chosen = np.linspace(0, len(xyz) - 1, budget).round().astype(np.int64)
-        xyz, rgb = xyz[chosen], rgb[chosen]
-    if len(xyz):
-        xyz = (xyz - np.median(xyz, axis=0)) * np.array([1.0, -1.0, -1.0], dtype=xyz.dtype)
-    return _atomic_write(_target(directory, stem, "_points_preview.ply"), _ply(xyz, rgb))
+    """`{stem}_mesh_preview.glb`: the mesh at the smallest grid step that keeps it within `max_faces` faces,
+    for a 3-D viewer; its node moves the vertices' median to the origin, where viewers look."""
+    points, image, foreground = _pointmap_inputs(points, image, foreground)
+    mesh = pointmap_mesh(points, image, foreground, step_for_faces(points, foreground, max_faces))
+    centre = -np.median(mesh.vertices, axis=0) if len(mesh.vertices) else None
+    return _atomic_write(
+        _target(directory, stem, "_mesh_preview.glb"), lambda file: write_glb(file, mesh, centre)
+    )
 
 
 def write_matting(

@@ -1,4 +1,5 @@
-"""Pointmap: per-pixel 3D points at the photo's size, turbo depth picture, .npy depth and a .ply cloud."""
+"""Pointmap: per-pixel 3D points at the photo's size, turbo depth picture, the camera they imply, depth as
+.npy and 16-bit PNG, a .ply cloud and a .glb mesh."""
 
 from __future__ import annotations
 
@@ -6,7 +7,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sapiens2.outputs.exports import write_depth, write_point_cloud, write_point_cloud_preview
+from sapiens2.outputs.exports import (
+    depth_document,
+    depth_png_scale,
+    write_depth,
+    write_depth_png,
+    write_json,
+    write_mesh,
+    write_mesh_preview,
+    write_point_cloud,
+)
+from sapiens2.outputs.mesh import step_for_bytes
 from sapiens2.outputs.pictures import depth_picture
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.common import forward_inputs, resize_step, row
@@ -15,6 +26,8 @@ from sapiens2.pipelines.options import Option
 from sapiens2.pipelines.segment import background_masks, helper_resize_step
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import pointmap_to_image, to_hwc
+from sapiens2.vision.intrinsics import Intrinsics, fit_intrinsics
+from sapiens2.vision.limits import Limits
 
 OPTIONS = (
     Option(
@@ -28,13 +41,32 @@ OPTIONS = (
 )
 
 
-def _exporter(points: np.ndarray, rgb: np.ndarray, foreground: np.ndarray):
+MESH_SHARE = 0.5  # of the per-request output limit, the most the full mesh may take (then it is decimated)
+
+
+def _exporter(points: np.ndarray, rgb: np.ndarray, foreground: np.ndarray, document: dict):
+    depth, scale = points[..., 2], document["depth_png"]["metres_per_unit"]
+    step = document["mesh"]["grid_step"]
+
     def export(directory, stem):
-        return write_depth(directory, stem, points[..., 2]) + write_point_cloud(
-            directory, stem, points, rgb, foreground
-        )
+        return [
+            *write_depth(directory, stem, depth),
+            *write_depth_png(directory, stem, depth, scale),
+            *write_json(directory, stem, "_depth.json", document),
+            *write_point_cloud(directory, stem, points, rgb, foreground),
+            *write_mesh(directory, stem, points, rgb, foreground, step),
+        ]
 
     return export
+
+
+def _camera_sentence(camera: Intrinsics | None) -> str:
+    if camera is None:
+        return "Too few points to fit the camera from."
+    return (
+        f"The camera they imply: fx {camera.fx:.1f}, fy {camera.fy:.1f}, cx {camera.cx:.1f}, "
+        f"cy {camera.cy:.1f} px (fit residual {camera.residual:.2f} px)."
+    )
 
 
 def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
@@ -58,16 +90,32 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
     with photo.timings.measure("pictures"):
         picture = depth_picture(points[..., 2], foreground)
+    camera = fit_intrinsics(points, foreground)
+    mesh_budget = MESH_SHARE * Limits.from_env().output_mb * 1e6
+    step = step_for_bytes(points, foreground, mesh_budget)
+    notes = []
+    if step > 1:
+        notes.append(
+            f"The mesh download keeps one pixel in {step} along each row and column: at full resolution it "
+            f"would take more than {mesh_budget / 1e6:.0f} MB, half of this server's output limit."
+        )
+    document = depth_document(
+        model_id=context.repo_id,
+        image_size=image.original_size,
+        foreground_points=int(foreground.sum()),
+        camera=camera,
+        depth_scale=depth_png_scale(points[..., 2]),
+        mesh_step=step,
+    )
     return TaskResult(
         task=context.task.name,
         model_id=context.model_name,
         pictures=[("Depth", picture)],
         prediction=points,
-        exporter=_exporter(points, image.rgb, foreground),
-        summary=f"{int(foreground.sum()):,} foreground points.",
-        viewer=lambda directory, stem: write_point_cloud_preview(
-            directory, stem, points, image.rgb, foreground
-        ),
+        exporter=_exporter(points, image.rgb, foreground, document),
+        summary=f"{int(foreground.sum()):,} foreground points. {_camera_sentence(camera)}",
+        notes=notes,
+        viewer=lambda directory, stem: write_mesh_preview(directory, stem, points, image.rgb, foreground),
     )
 
 

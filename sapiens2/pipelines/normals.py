@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sapiens2.outputs.exports import write_normals
+from sapiens2.outputs.exports import write_normals, write_normals_png
 from sapiens2.outputs.pictures import normals_picture
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.common import forward_inputs, resize_step
@@ -35,7 +35,10 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         model_id=context.model_name,
         pictures=[("Normals", picture)],
         prediction=unit,
-        exporter=lambda directory, stem: write_normals(directory, stem, unit),
+        exporter=lambda directory, stem: [
+            *write_normals(directory, stem, unit),
+            *write_normals_png(directory, stem, unit),
+        ],
         summary=f"Surface normals of {shown:,} {'pixels' if background is None else 'person pixels'}.",
     )
 

@@ -68,7 +68,7 @@ class Task:
 
     @property
     def export_kinds(self) -> tuple[str, ...]:
-        """File types of the exports: "json", "png", "npy", "ply"."""
+        """File types of the exports: "json", "png", "npy", "ply", "glb"."""
         return tuple(dict.fromkeys(suffix.rsplit(".", 1)[-1] for suffix in self.export_suffixes))
 
     def exports_for(self, values: Mapping[str, Any]) -> tuple[str, ...]:
@@ -215,7 +215,7 @@ def _build_registry() -> dict[str, Task]:
             "0.4b",
             (background,),
             (Picture("Normals", "_normals"),),
-            ("_normals.npy",),
+            ("_normals.npy", "_normals_16bit.png"),
             normals.PIPELINE,
             helper=SEG,
             helper_option="remove_background",
@@ -223,16 +223,16 @@ def _build_registry() -> dict[str, Task]:
         Task(
             "depth",
             "Depth",
-            "Per-pixel 3D points (pointmap), shown as depth and as a point cloud.",
+            "Per-pixel 3D points (pointmap), shown as depth and as a mesh; the camera they imply.",
             POINTMAP,
             "0.4b",
             (background, *depth.OPTIONS),
             (Picture("Depth", "_depth"),),
-            ("_depth.npy", "_points.ply"),
+            ("_depth.npy", "_depth_16bit.png", "_depth.json", "_points.ply", "_mesh.glb"),
             depth.PIPELINE,
             helper=SEG,
             helper_option="remove_background",
-            viewer_title="Point cloud (a preview; the full cloud is in Downloads)",
+            viewer_title="Mesh (a preview of at most 200,000 faces; the full mesh is in Downloads)",
         ),
         Task(
             "matting",
