@@ -100,7 +100,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
             f"would take more than {mesh_budget / 1e6:.0f} MB, half of this server's output limit."
         )
     document = depth_document(
-        model_id=context.repo_id,
+        model_id=context.model_name,
         image_size=image.original_size,
         foreground_points=int(foreground.sum()),
         camera=camera,
