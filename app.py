@@ -24,6 +24,7 @@ from sapiens2.runtime.messages import describe_error
 from sapiens2.serving import components, handlers, zerogpu
 from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.serving.live_streams import StreamWatch
 from sapiens2.serving.private_files import keep_files_private
 from sapiens2.serving.requests import cancellable
 from sapiens2.serving.scratch import ScratchSpace
@@ -40,8 +41,9 @@ EXAMPLES = [[str(ASSETS / "grace_hopper.jpg")], [str(ASSETS / "astronaut.png")]]
 # before writes its pictures and files. Requests beyond the queue's size get "queue is full" at once.
 MODEL_EVENTS = "models"
 MODEL_WORKERS = 2
-# Webcam streams have their own group: a stream holds its place there for its whole time, but takes the
-# device only one frame at a time, between requests.
+# Webcam streams have their own group: a stream holds its place there while its page sends frames
+# (sapiens2.serving.live_streams), never waits in the queue, and takes the device only one frame at a time,
+# between requests.
 LIVE_EVENTS = "live"
 LIVE_STREAMS = 4
 MAX_QUEUE = 24
@@ -85,6 +87,7 @@ def build_app(
     local = local or {}
     hosting = hosting or zerogpu.Hosting()
     slot = DeviceSlot()
+    streams = StreamWatch(LIVE_EVENTS, LIVE_STREAMS)
     # Gradio's usage analytics go to its makers from every server that does not say no: only when asked.
     analytics = os.environ.get("GRADIO_ANALYTICS_ENABLED", "").strip().lower() in {"1", "true"}
     with gr.Blocks(title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE), analytics_enabled=analytics) as demo:
@@ -103,9 +106,10 @@ def build_app(
                 if hosting.live_unavailable:
                     gr.Markdown(f"### Live webcam\n{hosting.live_unavailable}", elem_id="live-note")
                 else:
-                    _live_tab(runtime, slot)
+                    _live_tab(runtime, slot, streams)
         gr.Markdown(LICENCE, elem_classes="studio-note")
     demo.device_slot = slot
+    demo.stream_watch = streams
     return demo
 
 
@@ -128,7 +132,7 @@ def launch(
         share=share,
         prevent_thread_lock=prevent_thread_lock,
         max_file_size=MAX_UPLOAD,
-        app_kwargs={"middleware": guards},
+        app_kwargs={"middleware": guards, "lifespan": demo.stream_watch.lifespan(demo)},
         # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
         enable_monitoring=os.environ.get(MONITORING_ENV, "").strip() == "1",
         theme=THEME,
@@ -253,7 +257,7 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Non
     )
 
 
-def _live_tab(runtime: Runtime, slot: DeviceSlot) -> None:
+def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> None:
     """Webcam frames streamed through a chosen task with its smallest model, with the frame rate."""
     gr.Markdown(
         "### Live webcam\nEvery frame goes through the chosen task with its smallest model. " + LICENCE,
@@ -262,12 +266,12 @@ def _live_tab(runtime: Runtime, slot: DeviceSlot) -> None:
     )
     choice = components.task_choice()
     with gr.Row():
-        camera = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Webcam")
+        camera = gr.Image(sources=["webcam"], streaming=True, label="Webcam")
         shown = gr.Image(label="Result", format="jpeg", interactive=False)
     rate = gr.Markdown(elem_id="live-rate")
     recent = gr.State([])
     camera.stream(
-        handlers.live_handler(runtime, slot),
+        handlers.live_handler(runtime, slot, streams),
         inputs=[camera, choice, recent],
         outputs=[shown, rate, recent],
         stream_every=0.1,
@@ -276,6 +280,7 @@ def _live_tab(runtime: Runtime, slot: DeviceSlot) -> None:
         concurrency_limit=LIVE_STREAMS,
         show_progress="hidden",
         api_visibility="private",
+        preprocess=False,  # the frame's bytes are checked before it is decoded (sapiens2.serving.frames)
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sapiens2.errors import ConfigError, LimitError
 
@@ -79,6 +79,10 @@ class Limits:
             jpeg_scans=int(_number(JPEG_SCANS_ENV, DEFAULT_JPEG_SCANS, whole=True)),
             video_samples=int(_number(VIDEO_SAMPLES_ENV, DEFAULT_VIDEO_SAMPLES, whole=True)),
         )
+
+    def for_frames(self) -> Limits:
+        """These limits with a video frame's megapixels for images: what a live webcam frame may be."""
+        return replace(self, megapixels=self.frame_megapixels)
 
     def check_image(self, width: int, height: int) -> None:
         """Refuse an image above the megapixel limit or with a strip's shape, from its header."""
