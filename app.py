@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 from starlette.middleware import Middleware
@@ -32,6 +34,7 @@ from sapiens2.serving.shutdown import exit_cleanly_on_signals
 from sapiens2.serving.uploads import UploadQuota
 from sapiens2.tasks import ALL_TASKS, TASKS, Task, all_sizes
 from sapiens2.tasks.local_models import Choices, local_choices
+from sapiens2.vision.decode_workers import decoding_in_workers
 from sapiens2.vision.limits import Limits
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -132,12 +135,25 @@ def launch(
         share=share,
         prevent_thread_lock=prevent_thread_lock,
         max_file_size=MAX_UPLOAD,
-        app_kwargs={"middleware": guards, "lifespan": demo.stream_watch.lifespan(demo)},
+        app_kwargs={"middleware": guards, "lifespan": _while_serving(demo)},
         # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
         enable_monitoring=os.environ.get(MONITORING_ENV, "").strip() == "1",
         theme=THEME,
         css=CSS,
     )
+
+
+def _while_serving(demo: gr.Blocks) -> Callable:
+    """What runs beside the server while it serves: image decoding in workers under a deadline, and the
+    watch over webcam streams."""
+
+    @contextlib.asynccontextmanager
+    async def serving(web_app: Any) -> AsyncIterator[None]:
+        with decoding_in_workers() as demo.decode_workers:
+            async with demo.stream_watch.lifespan(demo)(web_app):
+                yield
+
+    return serving
 
 
 # ---- tabs --------------------------------------------------------------------------------------------------

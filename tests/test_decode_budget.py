@@ -14,6 +14,7 @@ from bad_inputs import PHOTO
 from bad_videos import write_video
 from PIL import Image
 
+from sapiens2.vision.decode_workers import decoding_in_workers
 from sapiens2.vision.images import ImageInputError, load_image
 from sapiens2.vision.structure import jpeg_scans
 from sapiens2.vision.video_files import VideoError, checked_video, open_capture
@@ -183,3 +184,36 @@ def test_ordinary_webm_and_avi_files_still_open(tmp_path, suffix, fourcc):
         capture = open_capture(name, path.name)
         assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == 5
         capture.release()
+
+
+# ---- the decode deadline: images decoded in worker processes that can be abandoned ----------------------
+
+
+def test_images_decoded_in_workers_are_the_images_decoded_here(tmp_path):
+    noise = np.random.default_rng(0).integers(0, 256, (1200, 1600, 4), dtype=np.uint8)
+    noise[..., 3] = 200  # half transparent: the alpha comes back too, through shared memory
+    path = tmp_path / "large.png"
+    Image.fromarray(noise).save(path)
+    here = [load_image(PHOTO), load_image(path)]
+    with decoding_in_workers() as workers:
+        there = [load_image(PHOTO), load_image(path.read_bytes())]
+        with pytest.raises(ImageInputError, match="not an image in a supported format"):
+            load_image(b"not an image at all")
+    assert workers.abandoned == 0
+    for mine, theirs in zip(here, there, strict=True):
+        assert np.array_equal(mine.rgb, theirs.rgb) and mine.notes == theirs.notes
+        assert (mine.alpha is None) == (theirs.alpha is None)
+    assert np.array_equal(here[1].alpha, there[1].alpha)
+
+
+def test_a_decode_past_its_deadline_is_abandoned(tmp_path, monkeypatch):
+    noise = np.random.default_rng(1).integers(0, 256, (3000, 4000, 3), dtype=np.uint8)
+    path = tmp_path / "slow.png"
+    Image.fromarray(noise).save(path)
+    with decoding_in_workers() as workers:
+        monkeypatch.setenv("SAPIENS2_DECODE_SECONDS", "0.05")
+        with pytest.raises(ImageInputError, match="longer than this server's limit of 0.05 seconds"):
+            load_image(path)
+        monkeypatch.delenv("SAPIENS2_DECODE_SECONDS")
+        assert load_image(PHOTO).original_size == (600, 512)  # the next decode gets a fresh worker
+    assert workers.abandoned == 1

@@ -16,6 +16,7 @@ import io
 import os
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import IO, Any
@@ -53,6 +54,7 @@ _SIGNATURES: tuple[tuple[int, bytes, str, bool], ...] = (
     (4, b"ftypavi", "AVIF", False),
     (4, b"ftyp", "Video (MP4/MOV)", False),
 )
+_decoder: Callable[[Any, int, Limits], LoadedImage] | None = None
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _WINDOWS_RESERVED = frozenset(
     {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
@@ -106,6 +108,8 @@ def load_image(source: Any, *, max_side: int | None = None, limits: Limits | Non
     notes: list[str] = []
     if source is None:
         raise ImageInputError("No image was given. Please choose an image file.")
+    if _decoder is not None and not isinstance(source, (np.ndarray, Image.Image)):
+        return _decoder(source, side, limits)
     if isinstance(source, np.ndarray):
         rgb, alpha = _from_array(source, notes, limits)
     elif isinstance(source, Image.Image):
@@ -113,6 +117,13 @@ def load_image(source: Any, *, max_side: int | None = None, limits: Limits | Non
     else:
         rgb, alpha = _from_stream(source, notes, limits)
     return _finish(rgb, alpha, side, notes)
+
+
+def decode_elsewhere(decoder: Callable[[Any, int, Limits], LoadedImage] | None) -> None:
+    """Have `load_image` hand every file and bytes object to `decoder(source, max_side, limits)` (the web
+    app's decode workers, sapiens2.vision.decode_workers), or decode them here again (None)."""
+    global _decoder
+    _decoder = decoder
 
 
 def sanitize_filename(name: str, default: str = "image") -> str:
