@@ -104,6 +104,11 @@ def test_a_huge_frame_is_refused_from_its_header(server):
     assert memory.growth < HOSTILE_BUDGET
 
 
+def test_a_frame_is_held_to_a_video_frames_pixels(server):
+    message = frame_refusal(server, frame_payload(black_png(6000, 4000), "image/png"))
+    assert "6000x4000 pixels (24.0 megapixels) is above this server's limit of 8.3 megapixels" in message
+
+
 @pytest.mark.parametrize("fmt", ["PCX", "TGA", "SGI", "ICO", "PPM"])
 def test_a_frame_in_a_format_uploads_refuse_is_refused(server, fmt):
     picture = io.BytesIO()

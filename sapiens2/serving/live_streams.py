@@ -19,13 +19,12 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from sapiens2.errors import ConfigError
+from sapiens2.vision.limits import positive_setting
 
 log = logging.getLogger("sapiens2.app")
 
@@ -36,16 +35,7 @@ CHECK_SECONDS = 0.5
 
 def idle_seconds() -> float:
     """Seconds a stream may go without a frame: $SAPIENS2_STREAM_IDLE_SECONDS, or 5."""
-    raw = os.environ.get(IDLE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_IDLE_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{IDLE_ENV} must be a number of seconds above 0, not {raw!r}.")
-    return value
+    return positive_setting(IDLE_ENV, DEFAULT_IDLE_SECONDS)
 
 
 def places_taken_sentence(places: int) -> str:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import multiprocessing
-import os
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -27,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from sapiens2.errors import ConfigError
 from sapiens2.vision import images
 from sapiens2.vision.images import ImageInputError, LoadedImage, load_image
-from sapiens2.vision.limits import Limits
+from sapiens2.vision.limits import Limits, positive_setting
 
 log = logging.getLogger("sapiens2.app")
 
@@ -44,16 +41,7 @@ READY = "ready"  # one per model worker of the app: the decodes that can run at 
 
 def decode_seconds() -> float:
     """How long one image may take to decode: $SAPIENS2_DECODE_SECONDS, or 20."""
-    raw = os.environ.get(DECODE_SECONDS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_DECODE_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{DECODE_SECONDS_ENV} must be a number of seconds above 0, not {raw!r}.")
-    return value
+    return positive_setting(DECODE_SECONDS_ENV, DEFAULT_DECODE_SECONDS)
 
 
 def too_slow(seconds: float) -> ImageInputError:
