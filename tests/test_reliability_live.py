@@ -19,7 +19,15 @@ import httpx
 import pytest
 from app_server import environment, running_app, tiny_detector
 from PIL import Image
-from test_reliability_attacks import GOOD_PHOTO, HOSTILE_BUDGET, PeakMemory, report, still_serving, wait_for
+from test_reliability_attacks import (
+    GOOD_PHOTO,
+    HOSTILE_BUDGET,
+    PeakMemory,
+    report,
+    slow_forward,
+    still_serving,
+    wait_for,
+)
 from test_reliability_battery import check_sentence
 
 import app
@@ -156,6 +164,16 @@ def test_streams_that_stop_sending_give_their_place_back(server, client):
         assert join(server, session, frame).status_code == 200
         assert first_answer(server, session)["msg"] == "process_streaming"
     still_serving(client)
+
+
+def test_a_slow_frame_is_not_silence(server):
+    session = uuid.uuid4().hex
+    with environment(**{IDLE_ENV: "1"}), slow_forward(server, 3.0) as forward:
+        assert join(server, session, frame_payload(GOOD_PHOTO.read_bytes())).status_code == 200
+        message = first_answer(server, session)
+    assert forward.calls >= 1
+    assert message["msg"] == "process_streaming", "the stream was ended while its frame ran"
+    wait_for(lambda: live_places_taken(server) == 0, timeout=30)
 
 
 def test_streams_never_fill_the_photo_queue(server, client):
