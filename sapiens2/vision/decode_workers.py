@@ -34,9 +34,10 @@ log = logging.getLogger("sapiens2.app")
 DECODE_SECONDS_ENV = "SAPIENS2_DECODE_SECONDS"
 DEFAULT_DECODE_SECONDS = 20.0  # a 24 MP PNG decodes in about a second here; minutes means something is wrong
 SHARED_BYTES = 2**20  # smaller pixels go through the pipe: a shared block costs more to make than to pickle
-WARM_WORKERS = 2
+WARM_WORKERS = 2  # started ahead: one per model worker of the app
+KEPT_WORKERS = 6  # kept once started: the app's 2 model requests and 4 webcam streams decoding at once
 START_SECONDS = 120.0  # a worker's start, on a busy machine
-READY = "ready"  # one per model worker of the app: the decodes that can run at once, mostly
+READY = "ready"
 
 
 def decode_seconds() -> float:
@@ -138,14 +139,15 @@ class _Worker:
 
 
 class DecodeWorkers:
-    """Worker processes that decode images under a deadline, `warm` of them kept started."""
+    """Worker processes that decode images under a deadline: `warm` of them started ahead, up to `kept`
+    kept for the next decodes once started."""
 
-    def __init__(self, warm: int = WARM_WORKERS) -> None:
+    def __init__(self, warm: int = WARM_WORKERS, kept: int = KEPT_WORKERS) -> None:
         self._context = multiprocessing.get_context("forkserver")
         # Workers are forked from a server process that has imported this module (and torch, which the
         # package imports) once, so each starts in a moment and shares those pages.
         self._context.set_forkserver_preload([__name__])
-        self._warm = warm
+        self._warm, self._kept = warm, max(warm, kept)
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -189,7 +191,7 @@ class DecodeWorkers:
 
     def _give_back(self, worker: _Worker) -> None:
         with self._lock:
-            keep = not self._closed and len(self._idle) < self._warm
+            keep = not self._closed and len(self._idle) < self._kept
             if keep:
                 self._idle.append(worker)
         if not keep:
