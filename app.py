@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 from starlette.middleware import Middleware
@@ -26,6 +28,7 @@ from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
 from sapiens2.serving.device_time import DeviceBudget
+from sapiens2.serving.live_streams import StreamWatch
 from sapiens2.serving.private_files import keep_files_private
 from sapiens2.serving.queue_share import share_the_queue
 from sapiens2.serving.requests import cancellable
@@ -35,6 +38,7 @@ from sapiens2.serving.uploads import UploadQuota
 from sapiens2.tasks import ALL_TASKS, TASKS, Task
 from sapiens2.tasks.local_models import Choices, local_choices
 from sapiens2.tasks.registry import smallest_first
+from sapiens2.vision.decode_workers import decoding_in_workers
 from sapiens2.vision.limits import Limits
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -46,8 +50,9 @@ EXAMPLES = [[str(ASSETS / "grace_hopper.jpg")], [str(ASSETS / "astronaut.png")]]
 # client, may hold the device for so long (sapiens2.serving.device_time).
 MODEL_EVENTS = "models"
 MODEL_WORKERS = 2
-# Webcam streams have their own group: a stream holds its place there for its whole time, but takes the
-# device only one frame at a time, between requests.
+# Webcam streams have their own group: a stream holds its place there while its page sends frames
+# (sapiens2.serving.live_streams), never waits in the queue, and takes the device only one frame at a time,
+# between requests.
 LIVE_EVENTS = "live"
 LIVE_STREAMS = 4
 MAX_QUEUE = 24
@@ -101,6 +106,7 @@ def build_app(
     hosting = hosting or zerogpu.Hosting()
     slot = DeviceSlot()
     budget = DeviceBudget()
+    streams = StreamWatch(LIVE_EVENTS, LIVE_STREAMS)
     # Gradio's usage analytics go to its makers from every server that does not say no: only when asked.
     analytics = os.environ.get("GRADIO_ANALYTICS_ENABLED", "").strip().lower() in {"1", "true"}
     with gr.Blocks(title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE), analytics_enabled=analytics) as demo:
@@ -119,10 +125,11 @@ def build_app(
                 if hosting.live_unavailable:
                     gr.Markdown(f"### Live webcam\n{hosting.live_unavailable}", elem_id="live-note")
                 else:
-                    _live_tab(runtime, slot)
+                    _live_tab(runtime, slot, streams)
         gr.Markdown(LICENCE, elem_classes="studio-note")
     demo.device_slot = slot
     demo.device_budget = budget
+    demo.stream_watch = streams
     return demo
 
 
@@ -146,12 +153,25 @@ def launch(
         share=share,
         prevent_thread_lock=prevent_thread_lock,
         max_file_size=MAX_UPLOAD,
-        app_kwargs={"middleware": guards},
+        app_kwargs={"middleware": guards, "lifespan": _while_serving(demo)},
         # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
         enable_monitoring=os.environ.get(MONITORING_ENV, "").strip() == "1",
         theme=THEME,
         css=CSS,
     )
+
+
+def _while_serving(demo: gr.Blocks) -> Callable:
+    """What runs beside the server while it serves: image decoding in workers under a deadline, and the
+    watch over webcam streams."""
+
+    @contextlib.asynccontextmanager
+    async def serving(web_app: Any) -> AsyncIterator[None]:
+        with decoding_in_workers() as demo.decode_workers:
+            async with demo.stream_watch.lifespan(demo)(web_app):
+                yield
+
+    return serving
 
 
 # ---- tabs --------------------------------------------------------------------------------------------------
@@ -276,7 +296,7 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget
     )
 
 
-def _live_tab(runtime: Runtime, slot: DeviceSlot) -> None:
+def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> None:
     """Webcam frames streamed through a chosen task with its smallest model, with the frame rate."""
     gr.Markdown(
         "### Live webcam\nEvery frame goes through the chosen task with its smallest model. The licence "
@@ -286,12 +306,12 @@ def _live_tab(runtime: Runtime, slot: DeviceSlot) -> None:
     )
     choice = components.task_choice()
     with gr.Row():
-        camera = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Webcam")
+        camera = gr.Image(sources=["webcam"], streaming=True, label="Webcam")
         shown = gr.Image(label="Result", format="jpeg", interactive=False)
     rate = gr.Markdown(elem_id="live-rate")
     recent = gr.State([])
     camera.stream(
-        handlers.live_handler(runtime, slot),
+        handlers.live_handler(runtime, slot, streams),
         inputs=[camera, choice, recent],
         outputs=[shown, rate, recent],
         stream_every=0.1,
@@ -300,6 +320,7 @@ def _live_tab(runtime: Runtime, slot: DeviceSlot) -> None:
         concurrency_limit=LIVE_STREAMS,
         show_progress="hidden",
         api_visibility="private",
+        preprocess=False,  # the frame's bytes are checked before it is decoded (sapiens2.serving.frames)
     )
 
 

@@ -74,6 +74,10 @@ def free_port() -> int:
 def tiny_detector(folder: Path) -> str:
     """A random-weight yolo11n built from its yaml (no download) with COCO's class 0, saved as a .pt file."""
     import torch
+
+    from sapiens2.vision.detector import _import_ultralytics
+
+    _import_ultralytics()  # as the server imports it: without its replacement of PIL.Image.open
     from ultralytics import YOLO
 
     torch.manual_seed(0)

@@ -257,6 +257,20 @@ def test_a_normal_photo_stays_within_the_memory_budget_in_every_tab(server, clie
     assert len(files) == 14
 
 
+def test_a_decode_past_its_deadline_is_abandoned_and_the_server_goes_on(server, client, tmp_path):
+    noise = np.random.default_rng(0).integers(0, 256, (3000, 4000, 3), dtype=np.uint8)
+    path = tmp_path / "slow.png"
+    Image.fromarray(noise).save(path)  # any photo decodes slowly enough against a 0.05 s deadline
+    abandoned = server.demo.decode_workers.abandoned
+    with environment(SAPIENS2_DECODE_SECONDS="0.05"):
+        with PeakMemory() as memory:
+            message = refused(client, handle_file(str(path)), "/features")
+    report("a 12 MP PNG past a 0.05 s decode deadline", memory)
+    assert "took longer than this server's limit of 0.05 seconds to decode, so it was abandoned" in message
+    assert server.demo.decode_workers.abandoned == abandoned + 1
+    still_serving(client)
+
+
 # ---- 3. one user cannot hold the model for everyone --------------------------------------------------------
 
 

@@ -31,6 +31,11 @@ ENDPOINTS = ("/pose", "/segment", "/normals", "/depth", "/matting", "/features")
 STARTUP_LINE = "models loaded at start-up"
 
 
+def decoder_helper(process: psutil.Process) -> bool:
+    command = " ".join(process.cmdline())
+    return "multiprocessing.forkserver" in command or "multiprocessing.resource_tracker" in command
+
+
 class Space:
     """The simulated Space: its server process, its log and the device API it talks to."""
 
@@ -74,8 +79,10 @@ class Space:
         return [line for line in after.splitlines() if "sapiens2.models: loaded" in line]
 
     def workers(self) -> list[psutil.Process]:
-        """The server's forked workers alive now (spaces' workers are its only child processes)."""
-        return [child for child in psutil.Process(self.process.pid).children() if child.is_running()]
+        """The server's forked GPU workers alive now: its child processes but the image decoders' own
+        (multiprocessing's forkserver, whose children decode, and its resource tracker)."""
+        children = psutil.Process(self.process.pid).children()
+        return [child for child in children if child.is_running() and not decoder_helper(child)]
 
     def close(self) -> None:
         self.process.terminate()

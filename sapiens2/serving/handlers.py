@@ -22,6 +22,8 @@ from sapiens2.outputs.results import TaskResult
 from sapiens2.runtime import Runtime
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.serving.frames import frame_image
+from sapiens2.serving.live_streams import StreamWatch
 from sapiens2.serving.requests import (
     StagedProgress,
     check_output,
@@ -163,16 +165,18 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
     return run_video
 
 
-def live_handler(runtime: Runtime, slot: DeviceSlot) -> Callable:
-    """The live webcam's frame event: (frame, task, recent frame times) -> (picture, rate line, times)."""
+def live_handler(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> Callable:
+    """The live webcam's frame event: (Gradio's raw frame payload, task, recent frame times) -> (picture,
+    rate line, times)."""
 
-    def on_frame(frame: Any, task: str, times: list[float]) -> tuple[Any, str, list[float]]:
-        if frame is None:
-            return gr.skip(), gr.skip(), times
-        with slot.frame() as granted:
-            if not granted:  # the device is busy: this frame is dropped, the next one may run
+    def on_frame(payload: Any, task: str, times: list[float]) -> tuple[Any, str, list[float]]:
+        with streams.frame(), user_errors():
+            frame = frame_image(payload)  # decoded here, off the device, from bytes checked first
+            if frame is None:
                 return gr.skip(), gr.skip(), times
-            with user_errors():
+            with slot.frame() as granted:
+                if not granted:  # the device is busy: this frame is dropped, the next one may run
+                    return gr.skip(), gr.skip(), times
                 entry = get_task(task)
                 result = runtime.run(entry.name, frame, size=next(iter(entry.repos)))
         times = (times + [time.perf_counter()])[-LIVE_WINDOW:]

@@ -16,6 +16,7 @@ import io
 import os
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import IO, Any
@@ -53,6 +54,7 @@ _SIGNATURES: tuple[tuple[int, bytes, str, bool], ...] = (
     (4, b"ftypavi", "AVIF", False),
     (4, b"ftyp", "Video (MP4/MOV)", False),
 )
+_decoder: Callable[[Any, int, Limits], LoadedImage] | None = None
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _WINDOWS_RESERVED = frozenset(
     {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
@@ -96,19 +98,32 @@ def default_max_side() -> int:
     return _checked_max_side(value, MAX_SIDE_ENV)
 
 
-def load_image(source: Any, *, max_side: int | None = None) -> LoadedImage:
-    """Read a path, bytes, file object, PIL image or numpy array; raise ImageInputError if it is unusable."""
+def load_image(source: Any, *, max_side: int | None = None, limits: Limits | None = None) -> LoadedImage:
+    """Read a path, bytes, file object, PIL image or numpy array; raise ImageInputError if it is unusable.
+
+    Its size is checked against `limits` (the server's limits for photos when None) before any pixel is
+    decoded."""
     side = default_max_side() if max_side is None else _checked_max_side(max_side, "max_side")
+    limits = Limits.from_env() if limits is None else limits
     notes: list[str] = []
     if source is None:
         raise ImageInputError("No image was given. Please choose an image file.")
+    if _decoder is not None and not isinstance(source, (np.ndarray, Image.Image)):
+        return _decoder(source, side, limits)
     if isinstance(source, np.ndarray):
-        rgb, alpha = _from_array(source, notes)
+        rgb, alpha = _from_array(source, notes, limits)
     elif isinstance(source, Image.Image):
-        rgb, alpha = _from_pil(source, notes)
+        rgb, alpha = _from_pil(source, notes, limits)
     else:
-        rgb, alpha = _from_stream(source, notes)
+        rgb, alpha = _from_stream(source, notes, limits)
     return _finish(rgb, alpha, side, notes)
+
+
+def decode_elsewhere(decoder: Callable[[Any, int, Limits], LoadedImage] | None) -> None:
+    """Have `load_image` hand every file and bytes object to `decoder(source, max_side, limits)` (the web
+    app's decode workers, sapiens2.vision.decode_workers), or decode them here again (None)."""
+    global _decoder
+    _decoder = decoder
 
 
 def sanitize_filename(name: str, default: str = "image") -> str:
@@ -150,7 +165,7 @@ def _note(notes: list[str], text: str) -> None:
         notes.append(text)
 
 
-def _check_size(width: int, height: int) -> None:
+def _check_size(width: int, height: int, limits: Limits) -> None:
     """The request limits (sapiens2.vision.limits), checked from the header before any pixel is decoded."""
     if min(width, height) < MIN_SIDE:
         raise ImageInputError(
@@ -158,26 +173,26 @@ def _check_size(width: int, height: int) -> None:
             f"{MIN_SIDE} pixels wide and {MIN_SIDE} pixels high."
         )
     try:
-        Limits.from_env().check_image(width, height)
+        limits.check_image(width, height)
     except LimitError as error:
         raise ImageInputError(str(error)) from None
 
 
-def _too_large() -> ImageInputError:
-    return ImageInputError(str(too_large_unknown(Limits.from_env().megapixels)))
+def _too_large(limits: Limits) -> ImageInputError:
+    return ImageInputError(str(too_large_unknown(limits.megapixels)))
 
 
-def _from_stream(source: Any, notes: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
+def _from_stream(source: Any, notes: list[str], limits: Limits) -> tuple[np.ndarray, np.ndarray | None]:
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _decode(io.BytesIO(bytes(source)), notes)
+        return _decode(io.BytesIO(bytes(source)), notes, limits)
     if isinstance(source, (str, os.PathLike)):
         with _open_path(source) as stream:
-            return _decode(stream, notes)
+            return _decode(stream, notes, limits)
     if callable(getattr(source, "read", None)):
         seekable = getattr(source, "seekable", None)
         if not (callable(seekable) and seekable()):
             source = io.BytesIO(source.read())
-        return _decode(source, notes)
+        return _decode(source, notes, limits)
     raise ImageInputError(
         f"Cannot read an image from a {type(source).__name__} object. Please pass a file path, bytes, "
         "a file object, a PIL image or a numpy array."
@@ -199,13 +214,13 @@ def _open_path(source: str | os.PathLike) -> IO[bytes]:
         raise ImageInputError(file_problem(exc, shown, "an image file")) from None
 
 
-def _decode(stream: IO[bytes], notes: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
+def _decode(stream: IO[bytes], notes: list[str], limits: Limits) -> tuple[np.ndarray, np.ndarray | None]:
     stream.seek(0)
     head = stream.read(_SNIFF_BYTES)
     if not head:
         raise ImageInputError("The file is empty (0 bytes). Please choose an image file.")
     if head.startswith(b"\xff\xd8"):
-        _check_jpeg_scans(stream)
+        _check_jpeg_scans(stream, limits)
     try:
         # verify() checks PNG chunk checksums, which decoding skips; it cannot decode, so reopen after.
         with _open_header(stream, head) as probe:
@@ -214,14 +229,13 @@ def _decode(stream: IO[bytes], notes: list[str]) -> tuple[np.ndarray, np.ndarray
     except ImageInputError:
         raise
     except Exception as exc:  # a hostile file can make Pillow raise almost anything
-        raise _decode_error(exc) from exc
+        raise _decode_error(exc, limits) from exc
     with image:
-        return _from_pil(image, notes)
+        return _from_pil(image, notes, limits)
 
 
-def _check_jpeg_scans(stream: IO[bytes]) -> None:
+def _check_jpeg_scans(stream: IO[bytes], limits: Limits) -> None:
     """Refuse a JPEG whose scans would take minutes to decode, counted from its markers before decoding."""
-    limits = Limits.from_env()
     stream.seek(0)
     try:
         limits.check_jpeg_scans(jpeg_scans(stream.read(), stop_after=limits.jpeg_scans * JPEG_SCANS_COUNTED))
@@ -260,11 +274,11 @@ def _unsupported(name: str) -> ImageInputError:
     )
 
 
-def _decode_error(exc: BaseException) -> ImageInputError:
+def _decode_error(exc: BaseException, limits: Limits) -> ImageInputError:
     text = str(exc)
     # Pillow's own bomb check, and its limits on compressed text and colour-profile chunks (zTXt, iTXt, iCCP).
     if isinstance(exc, Image.DecompressionBombError) or "too large" in text or "Too much memory" in text:
-        return _too_large()
+        return _too_large(limits)
     if isinstance(exc, MemoryError):
         return ImageInputError("There is not enough memory to open this image. Please send a smaller image.")
     if isinstance(exc, EOFError) or "truncated" in text.lower():
@@ -278,20 +292,20 @@ def _decode_error(exc: BaseException) -> ImageInputError:
     )
 
 
-def _from_pil(image: Image.Image, notes: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
-    _check_size(*image.size)
+def _from_pil(image: Image.Image, notes: list[str], limits: Limits) -> tuple[np.ndarray, np.ndarray | None]:
+    _check_size(*image.size, limits)
     try:
         # Asking whether a GIF is animated reads its second frame, which may be the damaged part.
         first_of_many = getattr(image, "is_animated", False) and image.tell() == 0
         image.load()
     except Exception as exc:  # a hostile file can make Pillow raise almost anything
-        raise _decode_error(exc) from exc
+        raise _decode_error(exc, limits) from exc
     if first_of_many and image.format != "MPO":
         what = "page of a multi-page" if image.format == "TIFF" else "frame of an animated"
         _note(notes, f"Used the first {what} image.")
     image = _upright(image, notes)
     if image.mode.startswith("I") or image.mode == "F":
-        return _from_array(np.asarray(image), notes)
+        return _from_array(np.asarray(image), notes, limits)
     if image.mode == "CMYK":
         _note(notes, "Converted CMYK colours to RGB; colours may differ slightly from print software.")
     has_alpha = image.mode in _ALPHA_MODES or "transparency" in image.info
@@ -318,7 +332,7 @@ def _upright(image: Image.Image, notes: list[str]) -> Image.Image:
     return upright
 
 
-def _from_array(array: np.ndarray, notes: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
+def _from_array(array: np.ndarray, notes: list[str], limits: Limits) -> tuple[np.ndarray, np.ndarray | None]:
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[..., 0]
     if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[2] not in (3, 4):
@@ -332,7 +346,7 @@ def _from_array(array: np.ndarray, notes: list[str]) -> tuple[np.ndarray, np.nda
         )
     if array.dtype.kind not in "biuf":
         raise ImageInputError(f"A numpy image must hold numbers (bool, integer or float), not {array.dtype}.")
-    _check_size(array.shape[1], array.shape[0])
+    _check_size(array.shape[1], array.shape[0], limits)
     if array.ndim == 2:
         grey = _to_uint8(array, notes)
         return np.repeat(grey[..., None], 3, axis=2), None

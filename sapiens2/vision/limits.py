@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sapiens2.errors import ConfigError, LimitError
 
@@ -38,7 +38,9 @@ JPEG_SCANS_COUNTED = 100  # scans are counted up to this many times the limit, t
 DEFAULT_VIDEO_SAMPLES = 1_000_000
 
 
-def _number(name: str, default: float, *, whole: bool = False) -> float:
+def positive_setting(name: str, default: float, *, whole: bool = False) -> float:
+    """The number in environment variable `name` (above 0), or `default` when it is unset; ConfigError
+    with a sentence otherwise."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -71,14 +73,18 @@ class Limits:
         """The limits from SAPIENS2_MAX_MEGAPIXELS, _ASPECT, _FRAME_MEGAPIXELS, _VIDEO_FRAMES, _OUTPUT_MB,
         _JPEG_SCANS and _VIDEO_SAMPLES."""
         return cls(
-            megapixels=_number(MEGAPIXELS_ENV, DEFAULT_MEGAPIXELS),
-            aspect=max(1.0, _number(ASPECT_ENV, DEFAULT_ASPECT)),
-            frame_megapixels=_number(FRAME_MEGAPIXELS_ENV, DEFAULT_FRAME_MEGAPIXELS),
-            video_frames=int(_number(VIDEO_FRAMES_ENV, DEFAULT_VIDEO_FRAMES, whole=True)),
-            output_mb=_number(OUTPUT_MB_ENV, DEFAULT_OUTPUT_MB),
-            jpeg_scans=int(_number(JPEG_SCANS_ENV, DEFAULT_JPEG_SCANS, whole=True)),
-            video_samples=int(_number(VIDEO_SAMPLES_ENV, DEFAULT_VIDEO_SAMPLES, whole=True)),
+            megapixels=positive_setting(MEGAPIXELS_ENV, DEFAULT_MEGAPIXELS),
+            aspect=max(1.0, positive_setting(ASPECT_ENV, DEFAULT_ASPECT)),
+            frame_megapixels=positive_setting(FRAME_MEGAPIXELS_ENV, DEFAULT_FRAME_MEGAPIXELS),
+            video_frames=int(positive_setting(VIDEO_FRAMES_ENV, DEFAULT_VIDEO_FRAMES, whole=True)),
+            output_mb=positive_setting(OUTPUT_MB_ENV, DEFAULT_OUTPUT_MB),
+            jpeg_scans=int(positive_setting(JPEG_SCANS_ENV, DEFAULT_JPEG_SCANS, whole=True)),
+            video_samples=int(positive_setting(VIDEO_SAMPLES_ENV, DEFAULT_VIDEO_SAMPLES, whole=True)),
         )
+
+    def for_frames(self) -> Limits:
+        """These limits with a video frame's megapixels for images: what a live webcam frame may be."""
+        return replace(self, megapixels=self.frame_megapixels)
 
     def check_image(self, width: int, height: int) -> None:
         """Refuse an image above the megapixel limit or with a strip's shape, from its header."""

@@ -32,6 +32,7 @@ from sapiens2.vision.files import file_problem, open_regular
 from sapiens2.vision.images import sanitize_filename
 from sapiens2.vision.limits import Limits
 from sapiens2.vision.structure import mp4_table_problem
+from sapiens2.vision.video_indexes import avi_index_problem, matroska_index_problem
 
 DEMUXERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi"
 CAPTURE_OPTIONS = f"protocol_whitelist;file|format_whitelist;{DEMUXERS}|enable_drefs;0|use_absolute_path;0"
@@ -102,16 +103,23 @@ def checked_video(path: str | os.PathLike) -> Iterator[str]:
         kind = container(head)
         if kind is None:
             raise _refusal(head, name)
-        if kind == "MP4/MOV":
-            _check_sample_tables(file, name)
+        _check_indexes(file, kind, name)
         pinned = f"/proc/self/fd/{file.fileno()}"
         yield pinned if os.path.exists(pinned) else os.path.abspath(path)
 
 
-def _check_sample_tables(file, name: str) -> None:
-    """Refuse an MP4/MOV whose sample tables would make FFmpeg build an index beyond the file or the limit."""
+_INDEX_PROBLEMS = {
+    "MP4/MOV": mp4_table_problem,
+    "WebM/Matroska": matroska_index_problem,
+    "AVI": avi_index_problem,
+}
+
+
+def _check_indexes(file, kind: str, name: str) -> None:
+    """Refuse a video whose sample tables or indexes would make FFmpeg build an index beyond the file or
+    the limit."""
     limit = Limits.from_env().video_samples
-    problem = mp4_table_problem(file, limit)
+    problem = _INDEX_PROBLEMS[kind](file, limit)
     if problem:
         raise VideoError(
             f"'{name}' cannot be opened as a video: {problem}. Please re-export the video (shorter than "
