@@ -23,12 +23,13 @@ from typing import Any, TypeVar
 import gradio as gr
 from gradio.utils import get_upload_folder, is_in_or_equal
 
-from sapiens2.errors import DeviceTimeError, LimitError
+from sapiens2.errors import DeviceTimeError, LimitError, OutOfSpaceError
 from sapiens2.progress import Progress
 from sapiens2.runtime.jobs import Cancelled, Job, current_job, running
 from sapiens2.runtime.messages import describe_error, is_expected
 from sapiens2.serving.device_slot import DeviceSlot
 from sapiens2.serving.device_time import DeviceBudget
+from sapiens2.serving.disk_room import check_room
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.serving.uploads import client_address
 from sapiens2.vision.images import sanitize_filename
@@ -130,10 +131,13 @@ def user_errors() -> Iterator[None]:
 
 
 def check_output(scratch: ScratchSpace, folder: Path) -> None:
-    """Refuse (and delete) a request's files when they take more than the output limit."""
+    """Refuse (and delete) a request's files when they take more than the output limit, or more than the
+    disk Gradio copies them to has free."""
+    size = scratch.folder_bytes(folder)
     try:
-        Limits.from_env().check_output(scratch.folder_bytes(folder))
-    except LimitError:
+        Limits.from_env().check_output(size)
+        check_room(size)
+    except (LimitError, OutOfSpaceError):
         scratch.discard(folder)
         raise
 

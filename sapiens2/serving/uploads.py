@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sapiens2.errors import ConfigError
+from sapiens2.serving.disk_room import UPLOAD_REFUSED, has_room
 
 QUOTA_MB_ENV = "SAPIENS2_UPLOAD_QUOTA_MB"
 TOTAL_MB_ENV = "SAPIENS2_UPLOAD_TOTAL_MB"
@@ -168,6 +169,9 @@ class UploadQuota:
         refusal = self.ledger.refusal(client, declared) if declared is not None else None
         if refusal:
             await _refuse(send, refusal, self.ledger)
+            return
+        if declared is not None and not has_room(declared):
+            await answer(send, 507, UPLOAD_REFUSED, [(b"retry-after", b"300")])
             return
         started = False
 
