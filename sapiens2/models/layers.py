@@ -291,7 +291,7 @@ def _stacked(tensors: list[Tensor]) -> Tensor:
         ):
             return torch.cat(tensors)
         offset += tensor.numel()
-    return first.as_strided(shape, first.stride())
+    return first.data.as_strided(shape, first.stride())  # of .data: no autograd link to a parameter
 
 
 def _fuse_after_load(module: Attention, incompatible_keys: object) -> None:
