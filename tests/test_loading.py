@@ -30,6 +30,7 @@ from tiny_models import tiny_4k_config, tiny_config, write_tiny_4k_checkpoint, w
 import sapiens2
 from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.models import device, hub, hub_access, presets
+from sapiens2.models import weights as weights_module
 from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import KINDS
 from sapiens2.models.layers import rope_periods
@@ -366,6 +367,53 @@ def test_bfloat16_file_loads_as_float32(pose_dir, tmp_path):
     save_file(weights, directory / hub.WEIGHTS_NAME)
     for dtype in (torch.float32, torch.bfloat16):
         assert_loaded_from(sapiens2.from_pretrained(directory, device="cpu", dtype=dtype), weights, dtype)
+
+
+def test_tensors_read_in_many_pieces_are_the_files(pose_dir, monkeypatch):
+    monkeypatch.setattr(weights_module, "CHUNK_BYTES", 36)  # every tensor read and cast in pieces of 9 floats
+    weights = load_file(pose_dir / hub.WEIGHTS_NAME)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert_loaded_from(sapiens2.from_pretrained(pose_dir, device="cpu", dtype=dtype), weights, dtype)
+
+
+def test_q_k_and_v_are_read_into_one_tensor_without_a_copy(pose_dir, monkeypatch):
+    read: dict[str, torch.Tensor] = {}
+
+    def recording(*args, **kwargs):
+        read.update(weights_module.read_state_dict(*args, **kwargs))
+        return read
+
+    monkeypatch.setattr(hub, "read_state_dict", recording)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = sapiens2.from_pretrained(pose_dir, device="cpu", dtype=dtype)
+        attention = model.backbone.blocks[0].attn
+        fused, _ = attention.qkv_projection()
+        rows = [attention.wq.weight, attention.wk.weight, attention.wv.weight]
+        assert torch.equal(fused, torch.cat(rows))
+        # The model holds the very memory the weights were read into: no second copy was made.
+        assert fused.data_ptr() == read["backbone.blocks.0.attn.wq.weight"].data_ptr()
+        assert rows[2].data_ptr() == read["backbone.blocks.0.attn.wv.weight"].data_ptr()
+
+
+@pytest.mark.parametrize("change", ["replaced", "rewritten"])
+def test_a_file_changed_while_it_is_read_is_refused(pose_dir, tmp_path, change):
+    weights = pose_dir / hub.WEIGHTS_NAME
+    other = tmp_path / "other.safetensors"
+    shutil.copy2(weights, other)
+
+    def change_the_file(fraction, text):  # called while the weights are read
+        if not other.exists():
+            return  # changed already
+        if change == "replaced":
+            other.replace(weights)  # another file of the same size and time moved to its path
+        else:
+            with weights.open("ab") as file:
+                file.write(b"\0" * 8)
+            other.unlink()
+
+    changed = r"model.safetensors: the file changed on disk while it was read"
+    with pytest.raises(CheckpointError, match=changed):
+        sapiens2.from_pretrained(pose_dir, device="cpu", progress=change_the_file)
 
 
 def test_loading_runs_no_initializer_on_real_memory(pose_dir, monkeypatch):

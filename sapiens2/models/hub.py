@@ -81,7 +81,7 @@ def from_pretrained(
     checkpoints). `Runtime`, the app and the command line choose a faster one (`models.device.choose_dtype`).
     `progress(fraction, text)` is called while files download and while weights load, each stage running
     its fraction from 0 to 1. On the CPU, weights are copied into memory (never memory-mapped), so the file
-    may change on disk while in use.
+    may change on disk while in use; one that changes while it is being read is refused (CheckpointError).
     """
     target = resolve_device(device)
     checkpoint = resolve_checkpoint(source, revision=revision, progress=progress)

@@ -173,7 +173,10 @@ def augment_coordinates(
 
 def rope_periods(head_dim: int, theta: float, device: torch.device | None = None) -> Tensor:
     """The 2D RoPE's periods (head_dim / 4,) in float32: theta ** (4 k / head_dim), k = 0, 1, ..."""
-    return theta ** (torch.arange(head_dim // 4, dtype=torch.float32, device=device) * 4 / head_dim)
+    # Computed on the CPU, then moved: arange on the meta device (models are built there before loading)
+    # imports torch's compiler, a second or more of the first load.
+    steps = torch.arange(head_dim // 4, dtype=torch.float32, device="cpu")
+    return (theta ** (steps * 4 / head_dim)).to(device or torch.get_default_device())
 
 
 class RopeEmbedding(nn.Module):
@@ -261,14 +264,34 @@ def scaled_rope(cos: Tensor, sin: Tensor, scale: Tensor) -> tuple[Tensor, Tensor
 
 def stacked_projection(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
     """Weight and bias of the linear layers as one layer whose outputs are theirs, concatenated."""
-    weight = torch.cat([linear.weight for linear in linears])
+    weight = _stacked([linear.weight for linear in linears])
     if all(linear.bias is None for linear in linears):
         return weight, None
     biases = [
         linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias
         for linear in linears
     ]
-    return weight, torch.cat(biases)
+    return weight, _stacked(biases)
+
+
+def _stacked(tensors: list[Tensor]) -> Tensor:
+    """The tensors concatenated along their first dimension: a view when they already lie one after the
+    other in one storage (as the weight loader reads the q, k and v projections), else a copy."""
+    first, offset = tensors[0], tensors[0].storage_offset()
+    shape = (sum(len(tensor) for tensor in tensors), *first.shape[1:])
+    if first.is_meta:  # no values to copy; torch.cat on the meta device would import torch's compiler
+        return first.new_empty(shape)
+    for tensor in tensors:
+        if (
+            not tensor.is_contiguous()
+            or tensor.dtype != first.dtype
+            or tensor.shape[1:] != first.shape[1:]
+            or tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            or tensor.storage_offset() != offset
+        ):
+            return torch.cat(tensors)
+        offset += tensor.numel()
+    return first.data.as_strided(shape, first.stride())  # of .data: no autograd link to a parameter
 
 
 def _fuse_after_load(module: Attention, incompatible_keys: object) -> None:

@@ -1,5 +1,6 @@
-"""Reading safetensors weights: each file's header checked against its size and against the model, then every
-tensor read straight into the requested dtype and device."""
+"""Reading safetensors weights: each file's header checked against its size and against the model, every
+tensor read in pieces straight into its final memory in the requested dtype and device, then each file's
+identity checked again."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import json
 import math
 import os
 import queue
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,8 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 LISTED_NAMES = 5
 # Threads that read and convert tensors: reads and casts release the GIL, so a few overlap well.
 LOAD_THREADS = min(4, os.cpu_count() or 1)
+# Bytes one thread reads (and casts) at a time: large reads, and a staging buffer that stays small.
+CHUNK_BYTES = 8 * 1024 * 1024
 
 
 _DTYPES = {
@@ -37,22 +41,68 @@ _DTYPES = {
 class _Entry:
     """Where one tensor lies in a safetensors file."""
 
-    path: Path
+    file: _WeightFile
     dtype: torch.dtype
     shape: tuple[int, ...]
     start: int
     nbytes: int
 
+    @property
+    def path(self) -> Path:
+        return self.file.path
 
-def _read_header(path: Path) -> dict[str, _Entry]:
+
+class _WeightFile:
+    """A safetensors file held open while it is read: its header checked against its size at opening, its
+    identity (device, inode, size, modification time) kept, so a file rewritten or replaced meanwhile is
+    noticed (`check_unchanged`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            self.identity = _identity(os.fstat(self.fd))
+            self.entries = _read_header(self)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def read_into(self, view: memoryview, offset: int) -> None:
+        """Fill `view` with the file's bytes from `offset` (positional reads: threads share the file)."""
+        filled = 0
+        while filled < len(view):
+            count = os.preadv(self.fd, [view[filled:]], offset + filled)
+            if not count:
+                raise CheckpointError(f"{self.path}: file ended inside tensor data (changed on disk?)")
+            filled += count
+
+    def check_unchanged(self) -> None:
+        """A CheckpointError when the file was rewritten, or its path given another file, since opening."""
+        try:
+            on_disk = _identity(os.stat(self.path))
+        except OSError:
+            on_disk = None
+        if _identity(os.fstat(self.fd)) != self.identity or on_disk != self.identity:
+            raise CheckpointError(
+                f"{self.path}: the file changed on disk while it was read; load it again once it is complete"
+            )
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _identity(status: os.stat_result) -> tuple[int, ...]:
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def _read_header(file: _WeightFile) -> dict[str, _Entry]:
     """Validate a safetensors file's header against its size and return where each tensor lies."""
-    size = path.stat().st_size
-    with path.open("rb") as file:
-        prefix = file.read(8)
-        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-        if not 0 < length <= min(size - 8, MAX_HEADER_BYTES):
-            raise CheckpointError(f"{path}: not a safetensors file, or its header is cut short")
-        raw = file.read(length)
+    path, size = file.path, file.identity[2]
+    prefix = os.pread(file.fd, 8, 0)
+    length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+    if not 0 < length <= min(size - 8, MAX_HEADER_BYTES):
+        raise CheckpointError(f"{path}: not a safetensors file, or its header is cut short")
+    raw = os.pread(file.fd, length, 8)
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -63,7 +113,7 @@ def _read_header(path: Path) -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
     for name, info in header.items():
         if name != "__metadata__":
-            entries[name] = _entry(path, name, info, data_start)
+            entries[name] = _entry(file, name, info, data_start)
     described = max((entry.start + entry.nbytes for entry in entries.values()), default=data_start)
     if described != size:
         raise CheckpointError(
@@ -73,7 +123,7 @@ def _read_header(path: Path) -> dict[str, _Entry]:
     return entries
 
 
-def _entry(path: Path, name: str, info: object, data_start: int) -> _Entry:
+def _entry(file: _WeightFile, name: str, info: object, data_start: int) -> _Entry:
     try:
         if not isinstance(info, dict):
             raise TypeError("not an object")
@@ -81,11 +131,13 @@ def _entry(path: Path, name: str, info: object, data_start: int) -> _Entry:
         shape = tuple(int(d) for d in info["shape"])
         begin, end = (int(offset) for offset in info["data_offsets"])
     except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{path}: corrupt header entry for tensor {name}: {info!r}") from error
+        raise CheckpointError(f"{file.path}: corrupt header entry for tensor {name}: {info!r}") from error
     nbytes = math.prod(shape) * dtype.itemsize
     if begin < 0 or end - begin != nbytes or min(shape, default=0) < 0:
-        raise CheckpointError(f"{path}: tensor {name} claims bytes {begin}..{end} for shape {list(shape)}")
-    return _Entry(path, dtype, shape, data_start + begin, nbytes)
+        raise CheckpointError(
+            f"{file.path}: tensor {name} claims bytes {begin}..{end} for shape {list(shape)}"
+        )
+    return _Entry(file, dtype, shape, data_start + begin, nbytes)
 
 
 def listed(names: Iterable[str]) -> str:
@@ -98,8 +150,23 @@ def listed(names: Iterable[str]) -> str:
 def stored_float_dtype(weight_paths: Sequence[Path]) -> torch.dtype | None:
     """The dtype of the first floating-point tensor of the first weight file, read from its header; None when
     it holds none."""
-    entries = _read_header(weight_paths[0]).values() if weight_paths else ()
-    return next((entry.dtype for entry in entries if entry.dtype.is_floating_point), None)
+    if not weight_paths:
+        return None
+    with _opened(weight_paths[:1]) as (file,):
+        return next((entry.dtype for entry in file.entries.values() if entry.dtype.is_floating_point), None)
+
+
+@contextmanager
+def _opened(weight_paths: Sequence[Path]) -> Iterator[list[_WeightFile]]:
+    """The weight files, open (and each header checked) while the block runs."""
+    files: list[_WeightFile] = []
+    try:
+        for path in weight_paths:
+            files.append(_WeightFile(path))
+        yield files
+    finally:
+        for file in files:
+            file.close()
 
 
 def read_state_dict(
@@ -114,21 +181,27 @@ def read_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Every tensor of `expected` (a model's state dict on the meta device) read from the weight files into
     `dtype` (floating tensors only) on `device`, but those named by OPTIONAL_SUFFIXES that the files lack;
-    any other mismatch with the model is one CheckpointError naming `label`. `progress(fraction, text)`
-    follows the reading, naming `progress_name` (default: `label`)."""
-    entries = _checked_entries(weight_paths, expected, label)
-    return _materialize(entries, expected, device, dtype, progress, progress_name or label)
+    any other mismatch with the model, or a file changed while it was read, is one CheckpointError naming
+    `label` or the file. `progress(fraction, text)` follows the reading, naming `progress_name` (default:
+    `label`). Tensors that are views of one storage in `expected` (the fused q, k and v projections) are
+    read into one storage laid out the same way."""
+    with _opened(weight_paths) as files:
+        entries = _checked_entries(files, expected, label)
+        state = _materialize(entries, expected, device, dtype, progress, progress_name or label)
+        for file in files:
+            file.check_unchanged()
+    return state
 
 
 def _checked_entries(
-    weight_paths: Sequence[Path], expected: dict[str, torch.Tensor], label: str
+    files: Sequence[_WeightFile], expected: dict[str, torch.Tensor], label: str
 ) -> dict[str, _Entry]:
     """Every tensor the model needs, located in the weight files; any mismatch is one CheckpointError."""
     entries: dict[str, _Entry] = {}
-    for path in weight_paths:
-        for name, entry in _read_header(path).items():
+    for file in files:
+        for name, entry in file.entries.items():
             if name in entries:
-                message = f"{label}: tensor {name} is stored twice ({entries[name].path}, {path})"
+                message = f"{label}: tensor {name} is stored twice ({entries[name].path}, {file.path})"
                 raise CheckpointError(message)
             entries[name] = entry
     missing = {n for n in expected.keys() - entries.keys() if not n.endswith(OPTIONAL_SUFFIXES)}
@@ -151,6 +224,42 @@ def _checked_entries(
     return {name: entries[name] for name in expected if name in entries}
 
 
+def _allocate(
+    entries: dict[str, _Entry],
+    expected: dict[str, torch.Tensor],
+    targets: dict[str, torch.dtype],
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """Uninitialized memory for every tensor to read. Tensors sharing one storage in `expected`, which they
+    tile exactly, in one dtype and each contiguous, get views of one new storage at the same offsets."""
+    groups: dict[int, list[str]] = {}
+    for name in entries:
+        groups.setdefault(expected[name].untyped_storage()._cdata, []).append(name)
+    memory: dict[str, torch.Tensor] = {}
+    for names in groups.values():
+        layout = sorted(names, key=lambda name: expected[name].storage_offset())
+        first = expected[layout[0]]
+        end = 0
+        for name in layout:
+            tensor = expected[name]
+            if (
+                tensor.storage_offset() != end
+                or not tensor.is_contiguous()
+                or targets[name] != targets[layout[0]]
+            ):
+                break
+            end += tensor.numel()
+        if len(layout) > 1 and end * first.element_size() == first.untyped_storage().nbytes():
+            storage = torch.empty(end, dtype=targets[layout[0]], device=device)
+            for name in layout:
+                tensor = expected[name]
+                offset = tensor.storage_offset()
+                memory[name] = storage[offset : offset + tensor.numel()].view(tensor.shape)
+        else:
+            memory.update({n: torch.empty(expected[n].shape, dtype=targets[n], device=device) for n in names})
+    return memory
+
+
 def _materialize(
     entries: dict[str, _Entry],
     expected: dict[str, torch.Tensor],
@@ -163,66 +272,60 @@ def _materialize(
 
     Every tensor is read (never memory-mapped) into memory the process owns: a checkpoint file truncated or
     rewritten while the server runs can neither crash it (SIGBUS on a mapped page) nor change a loaded model.
-    On the CPU a tensor already in the right dtype is read straight into its own memory; the others are read
-    by a few threads, each through its own reusable (pinned, for CUDA) staging buffer, and converted: the
-    peak is the result plus one tensor per thread, on the host and on the device.
+    Each tensor is read in pieces of at most CHUNK_BYTES by a few threads (positional reads, which release
+    the GIL): on the CPU a piece already in the right dtype goes straight into the tensor's final memory, the
+    others through the thread's reusable (pinned, for CUDA) staging buffer and are cast into it. The peak
+    is the result plus one piece per thread, on the host and on the device.
     """
     targets = {name: dtype if t.dtype.is_floating_point else t.dtype for name, t in expected.items()}
+    memory = _allocate(entries, expected, targets, device)
+    pieces = [
+        (name, first, min(entry.nbytes, first + _piece_bytes(entry)))
+        for name, entry in entries.items()
+        for first in range(0, entry.nbytes, _piece_bytes(entry))
+    ]
+    if not pieces:
+        return memory
     on_cpu = device.type == "cpu"
-    staged = list(entries)
-    total = sum(entry.nbytes for entry in entries.values()) or 1
-    done = 0
-
-    def report(name: str) -> None:
-        nonlocal done
-        before, done = done, done + entries[name].nbytes
-        if progress and int(100 * done / total) != int(100 * before / total):
-            progress(done / total, f"loading weights of {label}")
-
-    state: dict[str, torch.Tensor] = {}
-    if not staged:
-        return state
     buffers: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
-    workers = min(LOAD_THREADS, len(staged))
-    size = max(entries[name].nbytes for name in staged)
+    workers = min(LOAD_THREADS, len(pieces))
+    size = max(stop - first for _, first, stop in pieces)
     for _ in range(workers):
         buffers.put(torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda"))
 
-    def convert(name: str) -> torch.Tensor:
-        if on_cpu and entries[name].dtype == targets[name]:  # read straight into the tensor's own memory
-            return _read_into(entries[name], torch.empty(entries[name].nbytes, dtype=torch.uint8))
+    def read(name: str, first: int, stop: int) -> None:
+        entry, itemsize = entries[name], entries[name].dtype.itemsize
+        target = memory[name].view(-1)[first // itemsize : stop // itemsize]
+        if on_cpu and entry.dtype == target.dtype:  # straight into the tensor's own memory
+            entry.file.read_into(memoryview(target.view(torch.uint8).numpy()), entry.start + first)
+            return
         staging = buffers.get()
         try:
-            tensor = _read_into(entries[name], staging)
-            if on_cpu:
-                return tensor.to(targets[name], copy=True)
-            # Cast on the device: a cast inside a host-to-device copy runs on the host, via pageable memory.
-            return tensor.to(device).to(targets[name])
+            piece = staging[: stop - first]
+            entry.file.read_into(memoryview(piece.numpy()), entry.start + first)
+            piece = piece.view(entry.dtype)
+            # On CUDA the cast runs on the device: a cast inside a host-to-device copy runs on the host.
+            target.copy_(piece if on_cpu or entry.dtype == target.dtype else piece.to(device))
         finally:
             buffers.put(staging)
 
+    total = sum(stop - first for _, first, stop in pieces)
+    done = 0
     with ThreadPoolExecutor(workers) as pool:
-        futures = {pool.submit(convert, name): name for name in staged}
+        futures = {pool.submit(read, *piece): piece for piece in pieces}
         try:
             for future in as_completed(futures):
-                state[futures[future]] = future.result()
-                report(futures[future])
+                future.result()
+                _, first, stop = futures[future]
+                before, done = done, done + stop - first
+                if progress and int(100 * done / total) != int(100 * before / total):
+                    progress(done / total, f"loading weights of {label}")
         except BaseException:
             pool.shutdown(cancel_futures=True)
             raise
-    return state
+    return memory
 
 
-def _read_into(entry: _Entry, staging: torch.Tensor) -> torch.Tensor:
-    """The tensor at `entry`, read into the front of `staging` (valid until the buffer is reused)."""
-    buffer = staging[: entry.nbytes]
-    view = memoryview(buffer.numpy())
-    filled = 0
-    with entry.path.open("rb", buffering=0) as raw:
-        raw.seek(entry.start)
-        while filled < entry.nbytes:
-            count = raw.readinto(view[filled:])
-            if not count:
-                raise CheckpointError(f"{entry.path}: file ended inside tensor data (changed on disk?)")
-            filled += count
-    return buffer.view(entry.dtype).view(entry.shape)
+def _piece_bytes(entry: _Entry) -> int:
+    """Bytes of `entry` read (and cast) at a time: CHUNK_BYTES, in whole elements."""
+    return max(1, CHUNK_BYTES // entry.dtype.itemsize) * entry.dtype.itemsize
