@@ -244,8 +244,13 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, bud
                 with gr.Row(equal_height=True):
                     for task in row:
                         with gr.Column(min_width=280):
-                            # One caption per tile: the task's title, as the picture's own label.
-                            pictures.append(components.shown_picture(task.title, 340, f"all-{task.name}"))
+                            # One caption per tile, at reading size: the heading; the picture shows no label.
+                            gr.Markdown(f"#### {task.title}")
+                            pictures.append(
+                                components.shown_picture(
+                                    task.title, 340, f"all-{task.name}", show_label=False
+                                )
+                            )
             summary, timing = components.text_outputs()
             files = components.downloads("all-downloads")
     button.click(

@@ -65,8 +65,10 @@ def picture_outputs(titles: Sequence[str], elem_id: str) -> list[gr.Image]:
     return [main, *rest]
 
 
-def shown_picture(title: str, height: int, elem_id: str | None = None) -> gr.Image:
-    return gr.Image(label=title, type="filepath", height=height, interactive=False, elem_id=elem_id)
+def shown_picture(title: str, height: int, elem_id: str | None = None, show_label: bool = True) -> gr.Image:
+    return gr.Image(
+        label=title, type="filepath", height=height, interactive=False, elem_id=elem_id, show_label=show_label
+    )
 
 
 def text_outputs() -> tuple[gr.Markdown, gr.Markdown]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import signal
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -60,20 +61,22 @@ DECODER_STOPPED = ImageInputError(
 
 def _serve(connection: Connection) -> None:
     """A worker's life: decode each (source, max side, limits) it is sent and send back the image or the
-    sentence, until its pipe closes."""
-    connection.send(READY)
-    while True:
-        try:
+    sentence, until its pipe closes. A Ctrl-C in the server's terminal is the server's to handle, and a
+    pipe the server closed (it is stopping) ends the worker without a word."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        connection.send(READY)
+        while True:
             source, max_side, limits = connection.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            answer: Any = _shared(load_image(source, max_side=max_side, limits=limits))
-        except ImageInputError as error:
-            answer = ImageInputError(str(error))
-        except Exception:  # anything else is the server's problem, said in the parent's words
-            answer = DECODER_STOPPED
-        connection.send(answer)
+            try:
+                answer: Any = _shared(load_image(source, max_side=max_side, limits=limits))
+            except ImageInputError as error:
+                answer = ImageInputError(str(error))
+            except Exception:  # anything else is the server's problem, said in the parent's words
+                answer = DECODER_STOPPED
+            connection.send(answer)
+    except (EOFError, OSError):
+        return
 
 
 def _shared(image: LoadedImage) -> tuple:
