@@ -47,6 +47,7 @@ def test_each_thing_has_one_file_name():
         "photo_pose.json", "photo_pose.png", "photo_controlnet.png",
         "photo_segmentation.png", "photo_segmentation.npy",
         "photo_segmentation_overlay.png", "photo_segmentation_legend.png",
+        "photo_parts_mask.png", "photo_parts_cutout.png",
         "photo_normals.npy", "photo_normals.png",
         "photo_depth.npy", "photo_depth.png", "photo_points.ply",
         "photo_alpha.png", "photo_cutout.png", "photo_composite.png",
