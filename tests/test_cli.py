@@ -10,12 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from test_video import read_video, write_clip
 
 from sapiens2.cli import EXIT_NOTHING_SUCCEEDED, EXIT_OK, build_parser, main
+from sapiens2.data.metadata import body_parts
 from sapiens2.models.hub import CHECKPOINT_DIR_ENV
+from sapiens2.pipelines.segment import chosen_class_ids
 from sapiens2.runtime.runtime import Runtime
 from sapiens2.tasks.registry import ALL_TASKS, TASKS
+from sapiens2.vision.part_masks import part_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "assets"
@@ -129,6 +133,23 @@ def test_keypoint_formats_and_the_controlnet_picture_from_the_command_line(photo
     only = tmp_path / "controlnet_only"
     status, _ = run_cli("pose", photo, "--out", only, "--keypoint-format", "", "--no-pictures", *setup_args)
     assert status == EXIT_OK and files_under(only) == {"grace_hopper_controlnet.png"}
+
+
+def test_body_part_masks_from_the_command_line(photos, setup_args, tmp_path):
+    photo = photos / "grace_hopper.jpg"
+    chosen = ["--parts", "face", "--parts", "Hair,Apparel", "--grow=-2", "--feather", "1.5"]
+    status, _ = run_cli("segment", photo, "--out", tmp_path, *chosen, *setup_args)
+    assert status == EXIT_OK
+    labels = np.asarray(Image.open(tmp_path / "grace_hopper_segmentation.png"))
+    ids = chosen_class_ids(["face", "Hair", "Apparel"], body_parts())
+    expected = part_mask(labels, ids, grow=-2, feather=1.5)
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "grace_hopper_parts_mask.png")), expected)
+    cutout = np.asarray(Image.open(tmp_path / "grace_hopper_parts_cutout.png"))
+    assert cutout.shape == (*labels.shape, 4)
+    np.testing.assert_array_equal(cutout[..., 3], expected)
+
+    status, printed = run_cli("segment", photo, "--out", tmp_path / "paws", "--parts", "paws", *setup_args)
+    assert status == EXIT_NOTHING_SUCCEEDED and "no class 'paws'" in printed
 
 
 def test_device_dependent_default_is_stated_in_the_help():
