@@ -77,6 +77,27 @@ def test_pose_keypoint_files_can_be_chosen_in_the_tab_and_the_controlnet_picture
     assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
 
 
+def test_body_parts_are_chosen_in_the_tab_and_their_mask_and_cutout_are_shown(page, tmp_path):
+    page.get_by_role("tab", name="Body parts", exact=True).click()
+    parts = page.locator("#option-parts")
+    parts.locator(".token", has_text="whole person").locator(".token-remove").click()
+    parts.locator("input").first.fill("Hair")
+    page.get_by_role("option", name="Hair", exact=True).click()
+    parts.locator("input").first.fill("face")
+    page.get_by_role("option", name="face", exact=True).click()
+    page.keyboard.press("Escape")
+    page.get_by_label("number input for Feather the mask's edge, pixels").fill("4")
+    run_in_tab(page, "Body parts", "segment", PHOTOS[1])
+    for picture in ("#segment-picture-3", "#segment-picture-4"):
+        image = page.locator(f"{picture} img").first
+        image.wait_for(timeout=RESULT_TIMEOUT_MS)
+        assert image.evaluate("image => image.complete && image.naturalWidth") > 0, picture
+    page.get_by_text("Mask of face, Hair:").wait_for()
+    page.locator("#segment-downloads").get_by_text("astronaut_parts_cutout").wait_for()
+    page.screenshot(path=str(tmp_path / "segment_parts.png"), full_page=True)
+    assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
+
+
 def test_running_without_a_photo_shows_an_error_sentence(page):
     page.locator("#pose-run").click()
     toast = page.locator(ERROR_TOASTS).first
@@ -141,7 +162,7 @@ def test_all_tasks_reads_at_1440_pixels_wide(browser, server):
     downloads = page.locator("#all-downloads")
     downloads.get_by_text("grace_hopper_composite").wait_for()
     rows = downloads.locator("tr")
-    assert rows.count() == 10  # pose: JSON and ControlNet picture; 8 of the other tasks
+    assert rows.count() == 12  # pose: JSON and ControlNet picture; 10 of the other tasks
     listed = downloads.evaluate("node => [node.scrollHeight, node.clientHeight]")
     assert listed[0] <= listed[1] + 1, "every download is in view, none behind a scroll bar"
     for index in range(rows.count()):
