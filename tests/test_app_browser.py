@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from app_server import PHOTOS
+from app_server import PHOTOS, running_app, tiny_detector
+from test_part_masks import renamed_checkpoint
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"]
@@ -96,6 +97,27 @@ def test_body_parts_are_chosen_in_the_tab_and_their_mask_and_cutout_are_shown(pa
     page.locator("#segment-downloads").get_by_text("astronaut_parts_cutout").wait_for()
     page.screenshot(path=str(tmp_path / "segment_parts.png"), full_page=True)
     assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
+
+
+def test_a_local_fine_tuned_body_part_model_lists_its_own_classes(browser, tiny_mirror, tmp_path):
+    folder = renamed_checkpoint(tiny_mirror, tmp_path / "renamed")
+    local = {"segment": {"renamed": str(folder)}}
+    (tmp_path / "detector").mkdir()
+    detector = tiny_detector(tmp_path / "detector")
+    with running_app(tiny_mirror, detector, tmp_path / "scratch", local=local) as app:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.goto(app.url)
+        page.get_by_role("tab", name="Body parts", exact=True).click()
+        page.locator("input[aria-label='Model size']:visible").click()
+        page.get_by_role("option", name="renamed", exact=True).click()
+        page.get_by_text("A local fine-tuned model.").wait_for()
+        page.locator("#option-parts input").first.click()
+        page.get_by_role("option", name="part_28", exact=True).wait_for()
+        assert page.get_by_role("option", name="Face_Neck", exact=True).count() == 0
+        assert page.get_by_role("option", name="whole person", exact=True).count() == 1
+        page.screenshot(path=str(tmp_path / "segment_local.png"), full_page=True)
+        context.close()
 
 
 def test_running_without_a_photo_shows_an_error_sentence(page):

@@ -12,6 +12,7 @@ from sapiens2.data.metadata import body_parts, class_set
 from sapiens2.errors import RequestError
 from sapiens2.pipelines.segment import chosen_class_ids
 from sapiens2.runtime.runtime import Runtime
+from sapiens2.serving import handlers
 from sapiens2.tasks.registry import get_task
 from sapiens2.vision.images import load_image
 from sapiens2.vision.part_masks import feathered, grown, part_mask, union_mask
@@ -174,15 +175,29 @@ def test_the_mask_and_the_cutout_files_hold_the_chosen_parts(runtime, photo, tmp
     assert result.summary.endswith(f"Mask of clothing, Hair: {share} of the photo."), result.summary
 
 
-def test_a_fine_tuned_model_masks_by_its_own_class_names(runtime, photo, tiny_mirror, tmp_path):
-    folder = tmp_path / "renamed"
+def renamed_checkpoint(tiny_mirror, folder):
+    """A copy of the tiny body-part checkpoint whose 29 classes are called part_0 ... part_28."""
     shutil.copytree(tiny_mirror / get_task("segment").repo_id(None), folder)
     config = json.loads((folder / "config.json").read_text())
     config["id2label"] = {str(i): f"part_{i}" for i in range(len(config["id2label"]))}
     config["label2id"] = {name: int(i) for i, name in config["id2label"].items()}
     (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_fine_tuned_model_masks_by_its_own_class_names(runtime, photo, tiny_mirror, tmp_path):
+    folder = renamed_checkpoint(tiny_mirror, tmp_path / "renamed")
     result = runtime.run("segment", photo, model=str(folder), parts=["part_3", "part_5"])
     mask = dict(result.pictures)["Mask"][..., 0]
     np.testing.assert_array_equal(mask, np.isin(result.prediction, [3, 5]) * np.uint8(255))
     with pytest.raises(RequestError, match=r"no class 'Face_Neck'; choose among its classes \(part_0, "):
         runtime.run("segment", photo, model=str(folder), parts=["Face_Neck"])
+
+
+def test_the_tab_lists_a_local_fine_tuned_models_own_names(runtime, tiny_mirror, tmp_path):
+    folder = renamed_checkpoint(tiny_mirror, tmp_path / "renamed")
+    (parts,) = [option for option in runtime.options("segment") if option.name == "parts"]
+    refresh = handlers.choices_handler(runtime, parts, {"renamed": str(folder)})
+    groups = ["whole person", "face", "hands", "clothing", "skin"]
+    assert refresh("renamed")["choices"] == [*groups, *(f"part_{i}" for i in range(29))]
+    assert refresh("0.4b")["choices"] == [*groups, *body_parts().names]

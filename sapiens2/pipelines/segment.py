@@ -11,6 +11,7 @@ import torch
 
 from sapiens2.data.metadata import WHOLE_PERSON, BodyPartMeta, body_parts, class_set, part_groups
 from sapiens2.errors import RequestError
+from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import SEG
 from sapiens2.outputs.exports import write_cutout, write_segmentation
 from sapiens2.outputs.pictures import (
@@ -28,6 +29,12 @@ from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import segmentation_labels
 from sapiens2.vision.part_masks import part_mask
 
+
+def part_choices(config: Sapiens2Config) -> tuple[str, ...]:
+    """What the parts option offers for a model: the groups, then the model's class names."""
+    return (*part_groups(), *class_meta_of(config).names)
+
+
 OPTIONS = (
     Option("opacity", "Overlay opacity", "slider", 0.6, 0.0, 1.0, 0.05),
     Option(
@@ -36,7 +43,7 @@ OPTIONS = (
         "choices",
         (WHOLE_PERSON,),
         choices=(*part_groups(), *body_parts().names),
-        model_names=True,
+        model_choices=part_choices,
         help="One mask of all the parts chosen, and the photo cut out by it. Groups: whole person (every "
         "class but Background), face, hands, clothing, skin; a fine-tuned model takes its own class names.",
     ),
@@ -64,9 +71,13 @@ def body_part_labels(
 
 
 def class_meta(context: PipelineContext) -> BodyPartMeta:
+    """The class names and palette of the context's model (class_meta_of its config)."""
+    return class_meta_of(context.config())  # read without the weights where the model is not loaded
+
+
+def class_meta_of(config: Sapiens2Config) -> BodyPartMeta:
     """Class names from the checkpoint's id2label when it names all 29 (placeholders such as LABEL_0 name
     none), else the official list; a model with other classes (fine-tuned) has its own names and palette."""
-    config = context.config()  # read without the weights where the model is not loaded (a CPU worker)
     if config.num_labels != len(body_parts().names) or config.palette:
         return class_set(list(config.id2label.values()), config.palette)
     return _meta_for(config.label_names())

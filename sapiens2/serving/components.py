@@ -44,13 +44,13 @@ def control(option: Option) -> gr.components.Component:
         return gr.Checkbox(value=option.default, label=option.label, info=info)
     if option.kind == "color":
         return gr.ColorPicker(value=option.default, label=option.label, info=info)
-    if option.kind == "choices" and (len(option.choices) > FEW_CHOICES or option.model_names):
+    if option.kind == "choices" and (len(option.choices) > FEW_CHOICES or option.model_choices):
         # A model's own names (a fine-tuned model's classes) may be typed in beside the choices listed.
         return gr.Dropdown(
             list(option.choices),
             value=list(option.default),
             multiselect=True,
-            allow_custom_value=option.model_names,
+            allow_custom_value=option.model_choices is not None,
             label=option.label,
             info=info,
             elem_id=f"option-{option.name}",

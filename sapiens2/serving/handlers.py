@@ -19,6 +19,7 @@ from sapiens2.batch.video import VideoJob, process_video
 from sapiens2.outputs.exports import write_picture
 from sapiens2.outputs.pictures import fit_for_display
 from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.options import Option
 from sapiens2.runtime import Runtime
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
@@ -196,6 +197,22 @@ def summary(result: TaskResult) -> str:
 def note_handler(runtime: Runtime, task: str, local: dict[str, str]) -> Callable[[str], str]:
     """The model-size note's event: what the chosen size will download, or that it is a local model."""
     return lambda size: "A local fine-tuned model." if size in local else download_note(runtime, task, size)
+
+
+def choices_handler(runtime: Runtime, option: Option, local: dict[str, str]) -> Callable[[str], Any]:
+    """The model-size event of an option whose names depend on the model: a local fine-tuned model's own
+    names (read from its config.json alone), else the option's own."""
+
+    def refresh(size: str) -> Any:
+        choices = option.choices
+        if size in local:
+            try:
+                choices = option.model_choices(runtime.config(local[size]))
+            except Exception:  # the list is a courtesy; the run itself reports any real problem
+                log.debug("no choices of %s for %s", option.name, size, exc_info=True)
+        return gr.update(choices=list(choices))
+
+    return refresh
 
 
 def download_note(runtime: Runtime, task: str, size: str | None) -> str:
