@@ -159,7 +159,9 @@ class Runtime:
         as plain data (the photos already resized for the model on this side)."""
         pipeline = get_task(context.task.name).pipeline
         if self.device_boundary is None:
-            pipeline.run_steps(context, photos, first_step)
+            # The whole model side: detection, forwards and decoding may each meet an operation MPS lacks.
+            with recording_cpu_fallbacks(self.device, self.cpu_fallbacks):
+                pipeline.run_steps(context, photos, first_step)
             return
         for photo in photos:
             photo.image.model_rgb  # noqa: B018 - resized here, on the CPU, before the photo crosses
@@ -199,7 +201,7 @@ class Runtime:
         """The model's output dataclass for a batch of inputs, run in chunks of `batch_size`; its tensor
         fields are float32 and hold the whole batch."""
         chunks = []
-        with torch.inference_mode(), recording_cpu_fallbacks(self.device, self.cpu_fallbacks):
+        with torch.inference_mode():
             for start in range(0, len(pixel_values), self.batch_size):
                 check_cancelled()  # a cancelled request stops here, between batches
                 batch = pixel_values[start : start + self.batch_size].to(self.device, self.dtype)
