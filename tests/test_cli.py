@@ -200,10 +200,11 @@ def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
     assert status == EXIT_OK
     expected = {name for task in ALL_TASKS for stem in PHOTOS.values() for name in expected_files(task, stem)}
     assert files_under(out) == expected
-    # One name per thing: the matting alpha, cut-out and composite are written once, as exports.
+    # One name per thing: the matting alpha, cut-out and composite (and the parts' mask and cut-out) are
+    # written once, as exports.
     assert {name.removeprefix("grace_hopper") for name in expected if name.startswith("grace")} == {
         *("_pose.json", "_pose.png", "_controlnet.png", "_segmentation.png", "_segmentation.npy"),
-        "_segmentation_overlay.png",
+        *("_segmentation_overlay.png", "_parts_mask.png", "_parts_cutout.png"),
         *("_segmentation_legend.png", "_normals.npy", "_normals.png", "_depth.npy", "_points.ply"),
         *("_depth.png", "_alpha.png", "_cutout.png", "_composite.png"),
     }
