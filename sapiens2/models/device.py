@@ -87,7 +87,7 @@ def choose_dtype(name: str | torch.dtype | None, device: torch.device) -> tuple[
 
 # Not measured on a Mac (none was at hand): fp32 is the precision every Apple GPU and every MPS operation
 # computes; fp16 halves the memory traffic but its range (65504 at most) was not checked against the large
-# models' activations; bf16 on MPS needs macOS 14 and the GPUs before the M3 emulate it.
+# models' activations; bf16 on MPS needs macOS 14.
 MPS_PRECISION_REASON = "full precision, which every Apple GPU computes (`--dtype fp16` may be faster)"
 
 
