@@ -222,6 +222,10 @@ def _task_tab(
     )
     refresh = handlers.note_handler(runtime, task.name, local)
     size.change(refresh, size, note, queue=False, api_visibility="private")
+    for option in options:
+        if option.model_choices is not None:  # a fine-tuned model lists its own names
+            refresh_choices = handlers.choices_handler(runtime, option, local)
+            size.change(refresh_choices, size, controls[option.name], queue=False, api_visibility="private")
     event.then(refresh, size, note, queue=False, api_visibility="private")
 
 

@@ -1,5 +1,7 @@
 """Sapiens2 human-centric vision models in plain PyTorch."""
 
+# First, before anything imports torch: PyTorch reads its MPS fallback setting when it is imported.
+import sapiens2._mps_fallback  # noqa: F401
 from sapiens2.errors import CheckpointError, CheckpointNotFoundError, ConfigError, Sapiens2Error
 from sapiens2.models.config import Sapiens2Config, load_config
 from sapiens2.models.hub import (

@@ -62,7 +62,8 @@ def _add_task_option(group: argparse._ArgumentGroup, option: Option, tasks: list
         text = f"{option.label}: #rrggbb or 'rgb(r, g, b)', default {default} {where}"
         kind = {"type": _checked(option), "metavar": "COLOUR", "help": text}
     elif option.kind == "choices":
-        text = f"{option.label}: any of {', '.join(option.choices)}, repeated or comma-separated"
+        own = " (or a fine-tuned model's own names)" if option.model_choices else ""
+        text = f"{option.label}: any of {', '.join(option.choices)}{own}, repeated or comma-separated"
         kind = {"type": _checked(option), "action": "extend", "metavar": "NAME",
                 "help": f"{text}, default {default} {where}"}  # fmt: skip
     else:

@@ -14,12 +14,15 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 import app
+from sapiens2.data.metadata import body_parts
 from sapiens2.models import device, hub
+from sapiens2.pipelines.segment import chosen_class_ids
 from sapiens2.runtime.arguments import runtime_from_arguments
 from sapiens2.runtime.cache import ModelCache, model_bytes
 from sapiens2.runtime.runtime import COMPILE_ENV
 from sapiens2.serving import handlers
 from sapiens2.tasks.registry import TASKS
+from sapiens2.vision.part_masks import part_mask
 
 KEYPOINTS = 308
 # Pictures that are not drawn over the photo, so need not have its size.
@@ -185,6 +188,28 @@ def test_pose_takes_keypoint_formats_by_name_and_draws_the_controlnet_picture(cl
     assert document["version"] == 1.3 and len(document["people"][0]["hand_left_keypoints_2d"]) == 63
     with pytest.raises(AppError, match="keypoint_format"):
         client.predict(handle_file(str(photo)), keypoint_format=["body_25"], api_name="/pose")
+
+
+def test_segment_takes_parts_grow_and_feather_by_name_and_returns_the_mask_and_the_cutout(client):
+    photo = PHOTOS[1]
+    outputs = client.predict(
+        handle_file(str(photo)), parts=["hands", "Hair"], grow=2, feather=3, api_name="/segment"
+    )
+    _, _, mask_picture, cutout_picture, summary, _, files = outputs
+    files = {Path(path).name.removeprefix(photo.stem): path for path in files}
+    with Image.open(files["_segmentation.png"]) as labels, Image.open(files["_parts_mask.png"]) as mask:
+        ids = chosen_class_ids(["hands", "Hair"], body_parts())
+        expected = part_mask(np.asarray(labels), ids, grow=2, feather=3)
+        np.testing.assert_array_equal(np.asarray(mask), expected)
+    with Image.open(files["_parts_cutout.png"]) as cutout, Image.open(photo) as original:
+        assert cutout.mode == "RGBA"
+        np.testing.assert_array_equal(np.asarray(cutout)[..., 3], expected)
+        np.testing.assert_array_equal(np.asarray(cutout)[..., :3], np.asarray(original.convert("RGB")))
+    assert Path(mask_picture).name == f"{photo.stem}_parts_mask.png"
+    assert Path(cutout_picture).name == f"{photo.stem}_parts_cutout_on_checkerboard.png"
+    assert "Mask of hands, Hair: " in summary
+    with pytest.raises(AppError, match="no class 'paws'; choose among its classes"):
+        client.predict(handle_file(str(photo)), parts=["paws"], api_name="/segment")
 
 
 def test_two_requests_load_a_model_once_and_tasks_share_the_body_part_model(server, client):

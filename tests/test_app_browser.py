@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from app_server import PHOTOS
+from app_server import PHOTOS, running_app, tiny_detector
 from PIL import Image
+from test_part_masks import renamed_checkpoint
 
 from sapiens2.pipelines import depth
 
@@ -119,6 +120,48 @@ def test_the_depth_tab_shows_the_mesh_of_a_12_megapixel_photo(page, tmp_path, mo
         assert f"twelve_megapixels{suffix}" in listed, listed
 
 
+def test_body_parts_are_chosen_in_the_tab_and_their_mask_and_cutout_are_shown(page, tmp_path):
+    page.get_by_role("tab", name="Body parts", exact=True).click()
+    parts = page.locator("#option-parts")
+    parts.locator(".token", has_text="whole person").locator(".token-remove").click()
+    parts.locator("input").first.fill("Hair")
+    page.get_by_role("option", name="Hair", exact=True).click()
+    parts.locator("input").first.fill("face")
+    page.get_by_role("option", name="face", exact=True).click()
+    page.keyboard.press("Escape")
+    page.get_by_label("number input for Feather the mask's edge, pixels").fill("4")
+    run_in_tab(page, "Body parts", "segment", PHOTOS[1])
+    for picture in ("#segment-picture-3", "#segment-picture-4"):
+        image = page.locator(f"{picture} img").first
+        image.wait_for(timeout=RESULT_TIMEOUT_MS)
+        assert image.evaluate("image => image.complete && image.naturalWidth") > 0, picture
+    page.get_by_text("Mask of face, Hair:").wait_for()
+    page.locator("#segment-downloads").get_by_text("astronaut_parts_cutout").wait_for()
+    page.screenshot(path=str(tmp_path / "segment_parts.png"), full_page=True)
+    assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
+
+
+def test_a_local_fine_tuned_body_part_model_lists_its_own_classes(browser, tiny_mirror, tmp_path):
+    folder = renamed_checkpoint(tiny_mirror, tmp_path / "renamed")
+    local = {"segment": {"renamed": str(folder)}}
+    (tmp_path / "detector").mkdir()
+    detector = tiny_detector(tmp_path / "detector")
+    with running_app(tiny_mirror, detector, tmp_path / "scratch", local=local) as app:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.goto(app.url)
+        page.get_by_role("tab", name="Body parts", exact=True).click()
+        page.locator("input[aria-label='Model size']:visible").click()
+        page.get_by_role("option", name="renamed", exact=True).click()
+        page.get_by_text("A local fine-tuned model.").wait_for()
+        page.locator("#option-parts input").first.click()
+        page.get_by_role("option", name="part_28", exact=True).wait_for()
+        assert page.get_by_role("option", name="Face_Neck", exact=True).count() == 0
+        assert page.get_by_role("option", name="whole person", exact=True).count() == 1
+        page.screenshot(path=str(tmp_path / "segment_local.png"), full_page=True)
+        context.close()
+
+
 def test_running_without_a_photo_shows_an_error_sentence(page):
     page.locator("#pose-run").click()
     toast = page.locator(ERROR_TOASTS).first
@@ -184,7 +227,7 @@ def test_all_tasks_reads_at_1440_pixels_wide(browser, server):
     downloads = page.locator("#all-downloads")
     downloads.get_by_text("grace_hopper_composite").wait_for()
     rows = downloads.locator("tr")
-    assert rows.count() == 14  # pose: JSON and ControlNet picture; 12 of the other tasks
+    assert rows.count() == 16  # pose: JSON and ControlNet picture; 14 of the other tasks
     listed = downloads.evaluate("node => [node.scrollHeight, node.clientHeight]")
     assert listed[0] <= listed[1] + 1, "every download is in view, none behind a scroll bar"
     for index in range(rows.count()):

@@ -25,7 +25,8 @@ LAYERS: list[set[str]] = [
     {"vision"},  # input hygiene, processing, detector, pose decoding, dense post-processing
     {"models"},  # the networks, their configs, weights and the Hub
     {"data"},  # facts as data: keypoint and body-part names, skeletons, palettes
-    {"errors", "progress"},  # the base: exceptions and the progress callback type
+    # The base: exceptions, the progress callback type, PyTorch's MPS fallback (set before torch is imported).
+    {"errors", "progress", "_mps_fallback"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

@@ -10,12 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from test_video import read_video, write_clip
 
 from sapiens2.cli import EXIT_NOTHING_SUCCEEDED, EXIT_OK, build_parser, main
+from sapiens2.data.metadata import body_parts
 from sapiens2.models.hub import CHECKPOINT_DIR_ENV
+from sapiens2.pipelines.segment import chosen_class_ids
 from sapiens2.runtime.runtime import Runtime
 from sapiens2.tasks.registry import ALL_TASKS, TASKS
+from sapiens2.vision.part_masks import part_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "assets"
@@ -47,6 +51,7 @@ def test_each_thing_has_one_file_name():
         "photo_pose.json", "photo_pose.png", "photo_controlnet.png",
         "photo_segmentation.png", "photo_segmentation.npy",
         "photo_segmentation_overlay.png", "photo_segmentation_legend.png",
+        "photo_parts_mask.png", "photo_parts_cutout.png",
         "photo_normals.npy", "photo_normals.png", "photo_normals_16bit.png",
         "photo_depth.npy", "photo_depth.png", "photo_points.ply",
         "photo_depth_16bit.png", "photo_depth.json", "photo_mesh.glb",
@@ -131,6 +136,23 @@ def test_keypoint_formats_and_the_controlnet_picture_from_the_command_line(photo
     assert status == EXIT_OK and files_under(only) == {"grace_hopper_controlnet.png"}
 
 
+def test_body_part_masks_from_the_command_line(photos, setup_args, tmp_path):
+    photo = photos / "grace_hopper.jpg"
+    chosen = ["--parts", "face", "--parts", "Hair,Apparel", "--grow=-2", "--feather", "1.5"]
+    status, _ = run_cli("segment", photo, "--out", tmp_path, *chosen, *setup_args)
+    assert status == EXIT_OK
+    labels = np.asarray(Image.open(tmp_path / "grace_hopper_segmentation.png"))
+    ids = chosen_class_ids(["face", "Hair", "Apparel"], body_parts())
+    expected = part_mask(labels, ids, grow=-2, feather=1.5)
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "grace_hopper_parts_mask.png")), expected)
+    cutout = np.asarray(Image.open(tmp_path / "grace_hopper_parts_cutout.png"))
+    assert cutout.shape == (*labels.shape, 4)
+    np.testing.assert_array_equal(cutout[..., 3], expected)
+
+    status, printed = run_cli("segment", photo, "--out", tmp_path / "paws", "--parts", "paws", *setup_args)
+    assert status == EXIT_NOTHING_SUCCEEDED and "no class 'paws'" in printed
+
+
 def test_device_dependent_default_is_stated_in_the_help():
     (flip,) = [action for action in build_parser()._actions if action.dest == "flip_test"]
     assert "(default on with a GPU, off on the CPU)" in flip.help
@@ -179,10 +201,11 @@ def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
     assert status == EXIT_OK
     expected = {name for task in ALL_TASKS for stem in PHOTOS.values() for name in expected_files(task, stem)}
     assert files_under(out) == expected
-    # One name per thing: the matting alpha, cut-out and composite are written once, as exports.
+    # One name per thing: the matting alpha, cut-out and composite (and the parts' mask and cut-out) are
+    # written once, as exports.
     assert {name.removeprefix("grace_hopper") for name in expected if name.startswith("grace")} == {
         *("_pose.json", "_pose.png", "_controlnet.png", "_segmentation.png", "_segmentation.npy"),
-        "_segmentation_overlay.png",
+        *("_segmentation_overlay.png", "_parts_mask.png", "_parts_cutout.png"),
         *("_segmentation_legend.png", "_normals.npy", "_normals.png", "_depth.npy", "_points.ply"),
         *("_depth.png", "_alpha.png", "_cutout.png", "_composite.png"),
         *("_normals_16bit.png", "_depth_16bit.png", "_depth.json", "_mesh.glb"),

@@ -254,7 +254,7 @@ def test_a_normal_photo_stays_within_the_memory_budget_in_every_tab(server, clie
         *pictures, summary, _, files = client.predict(handle_file(str(path)), api_name="/all")
     report("/all with a 12-megapixel photo", memory)
     assert memory.growth < REQUEST_BUDGET
-    assert len(files) == 14
+    assert len(files) == 16
 
 
 def test_a_decode_past_its_deadline_is_abandoned_and_the_server_goes_on(server, client, tmp_path):

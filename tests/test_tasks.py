@@ -236,7 +236,7 @@ def test_features_run_the_4k_backbone_at_its_own_resolution(tmp_path, monkeypatc
 
 def test_segmentation_export_matches_prediction(runtime, photo, tmp_path):
     result = runtime.run("segment", photo, opacity=1.0)
-    png, npy = result.export(tmp_path, "photo")
+    png, npy, *_ = result.export(tmp_path, "photo")
     seg = result.prediction
     np.testing.assert_array_equal(np.asarray(Image.open(png)), seg)
     np.testing.assert_array_equal(np.load(npy), seg)

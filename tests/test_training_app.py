@@ -71,12 +71,15 @@ def test_a_pose_model_with_its_own_keypoints_answers_through_the_api(server, fin
 def test_a_segmentation_model_with_its_own_classes_answers_through_the_api(server, fine_tuned):
     client = server.client()
     choice = _choice(fine_tuned["segment"])
-    overlay, legend, summary, timing, files = client.predict(
-        handle_file(str(PHOTOS[1])), size=choice, api_name="/segment"
+    overlay, legend, _, _, summary, timing, files = client.predict(
+        handle_file(str(PHOTOS[1])), size=choice, parts=["torso", "left_arm"], api_name="/segment"
     )
     assert Path(overlay).is_file() and Path(legend).is_file()
     [labels] = [np.load(path) for path in files if path.endswith(".npy")]
     assert labels.max() < len(CLASS_NAMES)
+    [mask] = [np.asarray(Image.open(path)) for path in files if path.endswith("_parts_mask.png")]
+    np.testing.assert_array_equal(mask, np.isin(labels, [1, 2]) * np.uint8(255))  # masked by its own names
+    assert "Mask of torso, left_arm: " in summary
     model = server.runtime.model(str(fine_tuned["segment"]))
     assert list(model.config.id2label.values()) == list(CLASS_NAMES)
 

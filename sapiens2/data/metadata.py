@@ -81,6 +81,19 @@ def body_parts() -> BodyPartMeta:
     return BodyPartMeta(names=tuple(data["names"]), palette=_colors(data["palette"]))
 
 
+WHOLE_PERSON = "whole person"  # the group of every class but the first (the background), for any model
+
+
+@cache
+def part_groups() -> Mapping[str, tuple[str, ...]]:
+    """Named groups of body-part classes offered beside the classes themselves ("whole person" first, then
+    body_part_presets.json's "face", "hands", "clothing", "skin"), each as its official class names."""
+    data = json.loads((_DATA / "body_part_presets.json").read_text())
+    groups = {WHOLE_PERSON: body_parts().names[1:]}
+    groups.update((name, tuple(members)) for name, members in data["presets"].items())
+    return MappingProxyType(groups)
+
+
 def palette(count: int) -> tuple[RGB, ...]:
     """`count` distinct colours: the body-part palette's first ones, then evenly spread hues."""
     colours = list(body_parts().palette[:count])

@@ -421,14 +421,27 @@ def write_matting(
     directory: str | os.PathLike, stem: str, image: np.ndarray, alpha: np.ndarray
 ) -> list[Path]:
     """`{stem}_alpha.png` (8-bit grey matte) and `{stem}_cutout.png` (RGBA: the image with the matte)."""
+    return write_cutout(directory, stem, image, alpha, "_alpha", "_cutout")
+
+
+def write_cutout(
+    directory: str | os.PathLike,
+    stem: str,
+    image: np.ndarray,
+    alpha: np.ndarray,
+    alpha_suffix: str,
+    cutout_suffix: str,
+) -> list[Path]:
+    """`{stem}{alpha_suffix}.png` (8-bit grey alpha) and `{stem}{cutout_suffix}.png` (RGBA: the image with
+    that alpha)."""
     image = _checked(image, 3, "image")
     alpha = _checked(alpha, None, "alpha")
     if image.shape[:2] != alpha.shape or image.dtype != np.uint8:
         raise ValueError("image must be uint8 and share its (H, W) with alpha")
     alpha = alpha_to_uint8(alpha)
     return [
-        _atomic_write(_target(directory, stem, "_alpha.png"), _png(alpha)),
-        _atomic_write(_target(directory, stem, "_cutout.png"), _png(np.dstack([image, alpha]))),
+        _atomic_write(_target(directory, stem, f"{alpha_suffix}.png"), _png(alpha)),
+        _atomic_write(_target(directory, stem, f"{cutout_suffix}.png"), _png(np.dstack([image, alpha]))),
     ]
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from sapiens2.errors import RequestError
+
+if TYPE_CHECKING:
+    from sapiens2.models.config import Sapiens2Config
 
 OptionKind = Literal["slider", "checkbox", "color", "image", "choices"]
 
@@ -39,6 +43,9 @@ class Option:
     step: float | None = None
     help: str = ""
     choices: tuple[str, ...] = ()  # for "choices": the names any number of which may be chosen
+    # For "choices" whose names depend on the model (a fine-tuned model's classes): the choices a model's
+    # config offers. Names beyond `choices` are then kept, for the task to check against its model's own.
+    model_choices: Callable[[Sapiens2Config], tuple[str, ...]] | None = None
 
     def on_device(self, device: torch.device | str) -> Option:
         """This option with its default settled for models running on `device` (see ByDevice)."""
@@ -97,16 +104,16 @@ class Option:
 
     def _chosen(self, value: Any) -> tuple[str, ...]:
         """The names chosen, from a list of names or one string of names separated by commas, in the order
-        of `choices`."""
+        of `choices` (then, with `model_choices`, the other names in the order given)."""
         names = value.split(",") if isinstance(value, str) and len(value) <= 200 else value
         allowed = f"any of {', '.join(self.choices)} (a list, or names separated by commas)"
         if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
             raise RequestError(f"Option '{self.name}' must be {allowed}, not {shown(value)}.")
-        chosen = {name.strip() for name in names} - {""}
-        unknown = sorted(chosen - set(self.choices))
-        if unknown:
-            raise RequestError(f"Option '{self.name}' must be {allowed}, not {shown(unknown[0])}.")
-        return tuple(name for name in self.choices if name in chosen)
+        chosen = list(dict.fromkeys(name.strip() for name in names if name.strip()))
+        unknown = [name for name in chosen if name not in self.choices]
+        if unknown and (self.model_choices is None or len(chosen) > _MAX_NAMES):
+            raise RequestError(f"Option '{self.name}' must be {allowed}, not {shown(sorted(unknown)[0])}.")
+        return tuple(name for name in self.choices if name in chosen) + tuple(unknown)
 
     def _flag(self, value: Any) -> bool:
         if isinstance(value, bool):
@@ -121,6 +128,7 @@ class Option:
 _FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
                "off": False}  # fmt: skip
 _SHOWN_CHARS = 40
+_MAX_NAMES = 256  # names one "choices" option takes beyond its own: a class id is one byte
 
 
 def shown(value: Any) -> str:

@@ -1,4 +1,5 @@
-"""Body-part segmentation: 29 classes per pixel, an overlay with a legend, class-id PNG and .npy exports."""
+"""Body-part segmentation: 29 classes per pixel, an overlay with a legend, class-id PNG and .npy exports, and
+the mask of the chosen parts with the photo cut out by it."""
 
 from __future__ import annotations
 
@@ -8,18 +9,48 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from sapiens2.data.metadata import BodyPartMeta, body_parts, class_set
+from sapiens2.data.metadata import WHOLE_PERSON, BodyPartMeta, body_parts, class_set, part_groups
+from sapiens2.errors import RequestError
+from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import SEG
-from sapiens2.outputs.exports import write_segmentation
-from sapiens2.outputs.pictures import label_counts, overlay_segmentation, segmentation_legend
+from sapiens2.outputs.exports import write_cutout, write_segmentation
+from sapiens2.outputs.pictures import (
+    alpha_picture,
+    cutout_on_checkerboard,
+    label_counts,
+    overlay_segmentation,
+    segmentation_legend,
+)
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.common import INPUT, forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import Option
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import segmentation_labels
+from sapiens2.vision.part_masks import part_mask
 
-OPTIONS = (Option("opacity", "Overlay opacity", "slider", 0.6, 0.0, 1.0, 0.05),)
+
+def part_choices(config: Sapiens2Config) -> tuple[str, ...]:
+    """What the parts option offers for a model: the groups, then the model's class names."""
+    return (*part_groups(), *class_meta_of(config).names)
+
+
+OPTIONS = (
+    Option("opacity", "Overlay opacity", "slider", 0.6, 0.0, 1.0, 0.05),
+    Option(
+        "parts",
+        "Parts to mask",
+        "choices",
+        (WHOLE_PERSON,),
+        choices=(*part_groups(), *body_parts().names),
+        model_choices=part_choices,
+        help="One mask of all the parts chosen, and the photo cut out by it. Groups: whole person (every "
+        "class but Background), face, hands, clothing, skin; a fine-tuned model takes its own class names.",
+    ),
+    Option("grow", "Grow (+) or shrink (-) the mask, pixels", "slider", 0, -100, 100, 1),
+    Option("feather", "Feather the mask's edge, pixels", "slider", 0, 0, 100, 1),
+)
+MASK_SUFFIX, CUTOUT_SUFFIX = "_parts_mask", "_parts_cutout"
 HELPER_INPUT = SEG.name  # values key of the helper body-part model's input, for the tasks that mask with it
 
 
@@ -40,9 +71,13 @@ def body_part_labels(
 
 
 def class_meta(context: PipelineContext) -> BodyPartMeta:
+    """The class names and palette of the context's model (class_meta_of its config)."""
+    return class_meta_of(context.config())  # read without the weights where the model is not loaded
+
+
+def class_meta_of(config: Sapiens2Config) -> BodyPartMeta:
     """Class names from the checkpoint's id2label when it names all 29 (placeholders such as LABEL_0 name
     none), else the official list; a model with other classes (fine-tuned) has its own names and palette."""
-    config = context.config()  # read without the weights where the model is not loaded (a CPU worker)
     if config.num_labels != len(body_parts().names) or config.palette:
         return class_set(list(config.id2label.values()), config.palette)
     return _meta_for(config.label_names())
@@ -88,24 +123,74 @@ def background_masks(context: PipelineContext, photos: Sequence[Photo]) -> list[
 # ---- the task ---------------------------------------------------------------------------------------------
 
 
+def chosen_class_ids(names: Sequence[str], meta: BodyPartMeta) -> tuple[int, ...]:
+    """The class ids that `names` (class names of `meta` and group names) cover, sorted; a name the model
+    does not know is a RequestError listing the ones it does."""
+    ids: set[int] = set()
+    for name in names:
+        if name == WHOLE_PERSON:
+            members = meta.names[1:]
+        else:
+            members = part_groups().get(name, (name,))
+        found = [meta.names.index(member) for member in members if member in meta.names]
+        if not found:
+            groups = ", ".join(part_groups())
+            raise RequestError(
+                f"Option 'parts': this model has no class {name!r}"
+                + (" nor any of its group" if name in part_groups() else "")
+                + f"; choose among its classes ({', '.join(meta.names)}) or the groups {groups}."
+            )
+        ids.update(found)
+    return tuple(sorted(ids))
+
+
+def _parts(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    """The chosen parts as class ids, checked against the model's names before any model runs."""
+    ids = chosen_class_ids(context.options["parts"], class_meta(context))
+    for photo in photos:
+        photo.values["part_ids"] = ids
+
+
 def _labels(context: PipelineContext, photos: Sequence[Photo]) -> None:
     for photo, labels in zip(photos, body_part_labels(context, photos), strict=True):
         photo.values["labels"] = labels
 
 
+def _exporter(rgb: np.ndarray, seg: np.ndarray, mask: np.ndarray):
+    def export(directory, stem):
+        return write_segmentation(directory, stem, seg) + write_cutout(
+            directory, stem, rgb, mask, MASK_SUFFIX, CUTOUT_SUFFIX
+        )
+
+    return export
+
+
+def _mask_line(options: dict, mask: np.ndarray) -> str:
+    parts = ", ".join(options["parts"]) or "no parts"
+    return f"Mask of {parts}: {float(mask.mean()) / 255:.0%} of the photo."
+
+
 def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
-    seg, meta = photo.values["labels"], class_meta(context)
+    seg, meta, options = photo.values["labels"], class_meta(context), context.options
+    mask = part_mask(seg, photo.values["part_ids"], options["grow"], options["feather"])
     with photo.timings.measure("pictures"):
-        overlay = overlay_segmentation(photo.image.rgb, seg, meta.palette, context.options["opacity"])
+        overlay = overlay_segmentation(photo.image.rgb, seg, meta.palette, options["opacity"])
         legend = segmentation_legend(seg, meta)
+        pictures = [
+            ("Body parts", overlay),
+            ("Legend", legend),
+            ("Mask", alpha_picture(mask)),
+            ("Cut-out", cutout_on_checkerboard(photo.image.rgb, mask)),
+        ]
     present = int((label_counts(seg, len(meta.names))[1:] > 0).sum())
+    found = f"{present} body-part classes found." if present else "No person pixels found."
     return TaskResult(
         task=context.task.name,
         model_id=context.model_name,
-        pictures=[("Body parts", overlay), ("Legend", legend)],
+        pictures=pictures,
         prediction=seg,
-        exporter=lambda directory, stem: write_segmentation(directory, stem, seg),
-        summary=f"{present} body-part classes found." if present else "No person pixels found.",
+        exporter=_exporter(photo.image.rgb, seg, mask),
+        summary=f"{found} {_mask_line(options, mask)}",
     )
 
 
@@ -114,4 +199,5 @@ def columns(result: TaskResult) -> dict[str, np.ndarray]:
     return {"class_pixels": np.bincount(result.prediction.ravel(), minlength=29).astype(np.int64)}
 
 
-PIPELINE = Pipeline((resize_step(), Step("labels", _labels, uses_model=True)), _finish)
+STEPS = (Step("parts", _parts), resize_step(), Step("labels", _labels, uses_model=True))
+PIPELINE = Pipeline(STEPS, _finish)

@@ -16,13 +16,17 @@ from sapiens2.vision.detector import WEIGHTS_ENV, DetectorError, resolve_weights
 
 def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--device, --dtype, --compile, --checkpoint-dir and --detector."""
-    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: $SAPIENS2_DEVICE, else cuda if any)")
+    parser.add_argument(
+        "--device",
+        help="cpu, cuda, cuda:N or mps (default: $SAPIENS2_DEVICE, else cuda if any, else mps (an Apple GPU) "
+        "if any, else cpu)",
+    )
     parser.add_argument(
         "--dtype",
         choices=list(DTYPES),
         help="precision (default: $SAPIENS2_DTYPE, else the fast one: bf16 on CUDA and on CPUs with native "
-        "bf16 (AVX-512 BF16 or AMX), else fp32; fp32 gives transformers' outputs, the precision that "
-        "sapiens2.from_pretrained loads the official checkpoints in)",
+        "bf16 (AVX-512 BF16 or AMX), else fp32, on an Apple GPU too; fp32 gives transformers' outputs, the "
+        "precision that sapiens2.from_pretrained loads the official checkpoints in)",
     )
     parser.add_argument(
         "--compile",

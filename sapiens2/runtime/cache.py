@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from sapiens2.errors import ConfigError
+from sapiens2.models.device import release_cached_memory
 
 GIB = 1024**3
 # Room for a 5b model in bf16 (about 10 GiB) plus the body-part model on a 24 GB GPU, with headroom
@@ -174,5 +175,4 @@ class ModelCache:
         self._release_memory()
 
     def _release_memory(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_cached_memory(self.device)

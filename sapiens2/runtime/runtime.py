@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -14,7 +15,16 @@ from torch import nn
 from sapiens2.errors import ConfigError
 from sapiens2.models import hub, hub_access
 from sapiens2.models.config import Sapiens2Config
-from sapiens2.models.device import choose_dtype, dtype_name, resolve_device
+from sapiens2.models.device import (
+    MPS_WITHOUT_FALLBACK,
+    choose_dtype,
+    cpu_fallback_note,
+    dtype_name,
+    mps_fallback_active,
+    recording_cpu_fallbacks,
+    resolve_device,
+    synchronize,
+)
 from sapiens2.models.kinds import ModelKind
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.context import PipelineContext
@@ -28,6 +38,8 @@ from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task, model_byte
 from sapiens2.vision.detector import Detections, PersonDetector, YoloPersonDetector
 from sapiens2.vision.images import LoadedImage, load_image
 from sapiens2.vision.processing import ProcessorSettings, size_text
+
+log = logging.getLogger("sapiens2.runtime")
 
 DEFAULT_BATCH_SIZE = 8
 COMPILE_ENV = "SAPIENS2_COMPILE"
@@ -84,6 +96,10 @@ class Runtime:
         # Where the model steps run: None in this process; else a function taking plain DeviceWork to its
         # DeviceOutcome somewhere the models live (a ZeroGPU worker: sapiens2.serving.zerogpu).
         self.device_boundary: Callable[[DeviceWork], DeviceOutcome] | None = None
+        # The operations PyTorch has run on the CPU because the Apple GPU (MPS) has no kernel for them.
+        self.cpu_fallbacks: set[str] = set()
+        if self.device.type == "mps" and not mps_fallback_active():
+            log.warning(MPS_WITHOUT_FALLBACK)
 
     @property
     def device_label(self) -> str:
@@ -143,7 +159,9 @@ class Runtime:
         as plain data (the photos already resized for the model on this side)."""
         pipeline = get_task(context.task.name).pipeline
         if self.device_boundary is None:
-            pipeline.run_steps(context, photos, first_step)
+            # The whole model side: detection, forwards and decoding may each meet an operation MPS lacks.
+            with recording_cpu_fallbacks(self.device, self.cpu_fallbacks):
+                pipeline.run_steps(context, photos, first_step)
             return
         for photo in photos:
             photo.image.model_rgb  # noqa: B018 - resized here, on the CPU, before the photo crosses
@@ -188,8 +206,7 @@ class Runtime:
                 check_cancelled()  # a cancelled request stops here, between batches
                 batch = pixel_values[start : start + self.batch_size].to(self.device, self.dtype)
                 chunks.append(model(batch, **kwargs))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            synchronize(self.device)
         return _concatenated(chunks)
 
     # ---- what the app and the command line call ------------------------------------------------------
@@ -241,6 +258,8 @@ class Runtime:
             name=model_name if model else None,
         )
         results = entry.run(context, loaded)
+        for operation in sorted(self.cpu_fallbacks):
+            context.note(cpu_fallback_note(operation))
         for image, result in zip(loaded, results, strict=True):
             result.notes = list(image.notes) + context.notes + result.notes
             result.device, result.dtype = self.device_label, self.dtype_label

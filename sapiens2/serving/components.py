@@ -10,6 +10,7 @@ from sapiens2.pipelines.options import Option
 from sapiens2.tasks import TASKS
 
 FIRST_TASK = next(iter(TASKS))
+FEW_CHOICES = 8  # a "choices" option with more names is a dropdown of them, not a row of checkboxes
 
 
 def task_choice() -> gr.Radio:
@@ -49,6 +50,17 @@ def control(option: Option) -> gr.components.Component:
         return gr.Checkbox(value=option.default, label=option.label, info=info)
     if option.kind == "color":
         return gr.ColorPicker(value=option.default, label=option.label, info=info)
+    if option.kind == "choices" and (len(option.choices) > FEW_CHOICES or option.model_choices):
+        # A model's own names (a fine-tuned model's classes) may be typed in beside the choices listed.
+        return gr.Dropdown(
+            list(option.choices),
+            value=list(option.default),
+            multiselect=True,
+            allow_custom_value=option.model_choices is not None,
+            label=option.label,
+            info=info,
+            elem_id=f"option-{option.name}",
+        )
     if option.kind == "choices":
         choices, chosen = list(option.choices), list(option.default)
         return gr.CheckboxGroup(choices, value=chosen, label=option.label, info=info)

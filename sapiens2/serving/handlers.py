@@ -19,6 +19,7 @@ from sapiens2.batch.video import VideoJob, process_video
 from sapiens2.outputs.exports import write_picture
 from sapiens2.outputs.pictures import fit_for_display
 from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.options import Option
 from sapiens2.runtime import Runtime
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
@@ -215,6 +216,22 @@ def size_note(runtime: Runtime, task: str, size: str | None) -> str:
     """What the chosen size will download, and, without the Hub, what to fetch for the sizes not listed."""
     lines = [download_note(runtime, task, size), runtime.missing_sizes_note(task)]
     return "\n\n".join(line for line in lines if line)
+
+
+def choices_handler(runtime: Runtime, option: Option, local: dict[str, str]) -> Callable[[str], Any]:
+    """The model-size event of an option whose names depend on the model: a local fine-tuned model's own
+    names (read from its config.json alone), else the option's own."""
+
+    def refresh(size: str) -> Any:
+        choices = option.choices
+        if size in local:
+            try:
+                choices = option.model_choices(runtime.config(local[size]))
+            except Exception:  # the list is a courtesy; the run itself reports any real problem
+                log.debug("no choices of %s for %s", option.name, size, exc_info=True)
+        return gr.update(choices=list(choices))
+
+    return refresh
 
 
 def download_note(runtime: Runtime, task: str, size: str | None) -> str:
