@@ -85,6 +85,16 @@ CSS = """
 .gradio-container input[type="checkbox"] { border-width: var(--checkbox-border-width); }
 """
 # The Soft theme's unchecked boxes are a faint outline on a grey panel: a darker, thicker border.
+# Browsers cannot play some MP4s the app reads well (mp4v, OpenCV's default codec), and Gradio's preview of
+# the clip then shows a red "Video not playable" error. That error of the preview alone is kept from Gradio:
+# the clip still runs, as the note under it says.
+PAGE_JS = """() => {
+  document.addEventListener("error", (event) => {
+    if (event.target instanceof HTMLVideoElement && event.target.closest("#video-clip")) {
+      event.stopPropagation();
+    }
+  }, true);
+}"""
 THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="sky").set(
     checkbox_border_color="*neutral_400",
     checkbox_border_color_dark="*neutral_500",
@@ -158,6 +168,7 @@ def launch(
         enable_monitoring=os.environ.get(MONITORING_ENV, "").strip() == "1",
         theme=THEME,
         css=CSS,
+        js=PAGE_JS,
     )
 
 
@@ -277,8 +288,8 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget
         with gr.Column(scale=2):
             clip = gr.Video(label="Clip", sources=["upload"], elem_id="video-clip")
             gr.Markdown(
-                "MP4, MOV, WebM, MKV or AVI. The preview above may not play some MP4 files (those written "
-                "with the mp4v codec, OpenCV's default, for one): the clip still runs.",
+                "MP4, MOV, WebM, MKV or AVI. The preview above may stay blank for some MP4 files (those "
+                "written with the mp4v codec, OpenCV's default, for one): the clip still runs.",
                 elem_classes="studio-timing",
             )
             choice = components.task_choice()
