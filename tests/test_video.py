@@ -81,12 +81,18 @@ def test_the_synthetic_clip_reads_back(clip):
 def test_pose_video_and_its_frame_list(runtime, clip, tmp_path):
     path, _ = clip
     calls = []
-    job = VideoJob("pose", path, tmp_path)
+    # Detecting in every frame, frames go through the model in batches (of 4 here).
+    job = VideoJob("pose", path, tmp_path, options={"detect_every": 1})
     result = process_video(runtime, job, progress=lambda f, text: calls.append((f, text)))
     assert result.files == video_outputs(get_task("pose"), tmp_path, "walk")
-    assert result.files == [tmp_path / "walk_pose.webm", tmp_path / "walk_predictions.json"]
+    names = ("walk_pose.webm", "walk_controlnet.webm", "walk_predictions.json")
+    assert result.files == [tmp_path / name for name in names]
     frames, fps = read_video(result.video_path)
     assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
+    # The ControlNet drawing of every frame, at the frame's size: OpenPose's colours on black.
+    drawings, _ = read_video(tmp_path / "walk_controlnet.webm")
+    assert len(drawings) == FRAMES and drawings[0].shape == (HEIGHT, WIDTH, 3)
+    assert all(np.median(drawing) < 10 for drawing in drawings)
     assert (result.frames, result.fps, result.notes) == (FRAMES, FPS, [])
     assert result.frames_per_second > 0
     # Before the first batch ends the page already says what is happening (after loading the model, if it

@@ -161,7 +161,7 @@ class Run:
             source.directory,
             size=task.size_or_default(request.size),
             model=request.model,
-            options=request.task_options(task),
+            options=request.task_options(task, videos=True),
             stem=source.stem,
             max_seconds=None,
             max_frames=request.max_frames,

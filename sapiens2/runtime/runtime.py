@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -206,10 +206,14 @@ class Runtime:
         size: str | None = None,
         model: str | None = None,
         progress: Progress | None = None,
+        given: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> TaskResult:
         """Run `task` on one photo (a LoadedImage or anything `load_image` reads)."""
-        return self.run_batch(task, [image], size=size, model=model, progress=progress, **options)[0]
+        given_all = None if given is None else [given]
+        return self.run_batch(
+            task, [image], size=size, model=model, progress=progress, given=given_all, **options
+        )[0]
 
     def run_batch(
         self,
@@ -219,18 +223,21 @@ class Runtime:
         size: str | None = None,
         model: str | None = None,
         progress: Progress | None = None,
+        given: Sequence[Mapping[str, Any] | None] | None = None,
         **options: Any,
     ) -> list[TaskResult]:
         """Run `task` on several photos, batching them through the model.
 
-        `model` (a repo id, checkpoint folder or file) replaces the registry's checkpoint for `size`.
+        `model` (a repo id, checkpoint folder or file) replaces the registry's checkpoint for `size`;
+        `given`: values each photo starts with (pose: `given_boxes`, Detections in photo pixels that replace
+        the detector's), e.g. from a `FrameFollower` of a video.
         """
         entry = get_task(task)
         loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
         context = PipelineContext(
             self, entry, model or entry.repo_id(size), entry.coerce_options(options, self.device), progress
         )
-        results = entry.run(context, loaded)
+        results = entry.run(context, loaded, given)
         for image, result in zip(loaded, results, strict=True):
             result.notes = list(image.notes) + context.notes + result.notes
             result.device, result.dtype = self.device_label, self.dtype_label
