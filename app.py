@@ -238,6 +238,7 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Non
             size = gr.Dropdown(
                 sizes, value=sizes[0], label="Model size", info="Tasks without it use their default."
             )
+            controls = components.video_controls(runtime.device)
             button = gr.Button("Run on the video", variant="primary", elem_id="video-run")
         with gr.Column(scale=3):
             shown = gr.Video(label="Result", interactive=False, elem_id="video-result")
@@ -245,7 +246,7 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Non
             files = components.downloads("video-downloads")
     button.click(
         cancellable(handlers.video_handler(runtime, scratch, slot, sizes[0])),
-        inputs=[clip, choice, size],
+        inputs=[clip, choice, size, *controls],
         outputs=[shown, summary, files],
         api_name="video",
         api_description="A short clip through one task; returns the processed video and its files.",

@@ -140,6 +140,53 @@ def test_pose_video_writes_the_keypoint_formats_of_every_frame(runtime, clip, tm
     assert no_hidden_files(tmp_path)
 
 
+class CountingDetector:
+    """The real yolo11n detector of the tests, counting the frames it is asked about."""
+
+    def __init__(self, weights: str):
+        from sapiens2.vision.detector import YoloPersonDetector
+
+        self.detector, self.calls = YoloPersonDetector(weights), 0
+
+    def detect(self, image_rgb: np.ndarray):
+        self.calls += 1
+        return self.detector.detect(image_rgb)
+
+
+def test_pose_video_tracks_its_persons_and_detects_every_n_frames(
+    small_mirror, few_persons_yolo, clip, tmp_path
+):
+    path, _ = clip
+    detector = CountingDetector(few_persons_yolo)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAPIENS2_CHECKPOINT_DIR", str(small_mirror))
+        runtime = Runtime(device="cpu", dtype="fp32", detector=detector, batch_size=4)
+        # Threshold 0: every keypoint of the random model counts, so each person gets a box between
+        # detections.
+        formats = ["sapiens308", "coco17", "openpose"]
+        options = {"detect_every": 3, "threshold": 0.0, "keypoint_format": formats}
+        result = process_video(runtime, VideoJob("pose", path, tmp_path, options=options))
+    assert detector.calls == 2  # frames 0 and 3
+    assert result.notes == [f"The person detector ran on 2 of {FRAMES} frames (every 3)."]
+    frames = json.loads(result.log_path.read_text())["frames"]
+    ids = [[instance["track_id"] for instance in frame["instances"]] for frame in frames]
+    assert ids[0] == list(range(1, len(ids[0]) + 1))
+    assert all(frame_ids == ids[0] for frame_ids in ids[1:3])  # the boxes of frames 1 and 2 follow 0's
+    coco = json.loads((tmp_path / "walk_coco17.json").read_text())
+    assert [entry["track_id"] for entry in coco if entry["image_id"] == 0] == ids[0]
+    first = json.loads((tmp_path / "walk_openpose" / "walk_000000000000_keypoints.json").read_text())
+    assert [person["person_id"] for person in first["people"]] == [[i] for i in ids[0]]
+
+
+def test_pose_video_without_tracking_writes_no_ids(runtime, clip, tmp_path):
+    path, _ = clip
+    options = {"track": False, "smoothing": False, "detect_every": 1}
+    result = process_video(runtime, VideoJob("pose", path, tmp_path, options=options, write_video=False))
+    frames = json.loads(result.log_path.read_text())["frames"]
+    assert frames[0]["instances"] and not any("track_id" in i for f in frames for i in f["instances"])
+    assert result.notes == []
+
+
 def test_segmentation_video_shows_each_frame_overlay_in_order(runtime, clip, tmp_path):
     path, source = clip
     result = process_video(runtime, VideoJob("segment", path, tmp_path, options={"opacity": 0.8}))

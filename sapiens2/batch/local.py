@@ -193,5 +193,5 @@ class Run:
         persons = "" if result.persons is None else f", {count(result.persons, 'person')}"
         self.report.videos.append(
             f"{source.label}, {task.name}: {result.frames} frames in {result.seconds:.1f} s, "
-            f"{result.frames_per_second:.2f} frames/s{persons}"
+            f"{result.frames_per_second:.2f} frames/s{persons}" + "".join(f". {note}" for note in result.notes)
         )

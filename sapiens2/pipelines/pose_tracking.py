@@ -82,6 +82,7 @@ class PoseTracker(FrameFollower):
         self.detected = 0  # of those, frames whose boxes came from the detector
         self._since_detection = 0
         self._next: Detections | None = None  # the next frame's boxes, when it skips the detector
+        self._next_ids: list[int] = []  # the tracks those boxes are drawn around
         self._given = False
 
     @property
@@ -95,16 +96,17 @@ class PoseTracker(FrameFollower):
     def follow(self, rgb: np.ndarray, result: TaskResult, dt: float) -> TaskResult:
         self.frames += 1
         self._since_detection = self._since_detection + 1 if self._given else 0
-        self.detected += not self._given
-        self._given = False
+        given, self._given = self._given, False
+        self.detected += not given
         prediction = result.prediction
         persons = prediction.detected
-        ids = self.tracker.update(persons)
+        # Between detections the persons are found in boxes drawn around known tracks: they continue them.
+        ids = self.tracker.update(persons, self._next_ids if given else None)
         self.filters = {t.id: self.filters.get(t.id) or self._filter() for t in self.tracker.tracks}
         followed = [
             self._followed(person, track_id, dt) for person, track_id in zip(persons, ids, strict=True)
         ]
-        self._next = self._next_boxes(persons)
+        self._next, self._next_ids = self._next_boxes(persons), ids
         if prediction.detections.fallback:
             return result
         shown = dataclasses.replace(prediction, persons=followed)

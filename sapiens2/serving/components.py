@@ -7,13 +7,23 @@ from collections.abc import Sequence
 import gradio as gr
 
 from sapiens2.pipelines.options import Option
-from sapiens2.tasks import TASKS
+from sapiens2.tasks import TASKS, video_options
 
 FIRST_TASK = next(iter(TASKS))
 
 
 def task_choice() -> gr.Radio:
     return gr.Radio([(task.title, task.name) for task in TASKS.values()], value=FIRST_TASK, label="Task")
+
+
+def video_controls(device) -> list[gr.components.Component]:
+    """The controls of every task's video options (settled for `device`), under the tasks they are for."""
+    offered = video_options()
+    if not offered:
+        return []
+    owners = sorted({TASKS[name].title for _, tasks in offered.values() for name in tasks})
+    with gr.Accordion(f"Video options ({', '.join(owners)})", open=False):
+        return [control(option.on_device(device)) for option, _ in offered.values()]
 
 
 def photo_input(elem_id: str) -> gr.Image:

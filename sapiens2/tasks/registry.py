@@ -312,6 +312,12 @@ def options_by_name() -> dict[str, tuple[Option, list[str]]]:
     return options
 
 
+def video_options() -> dict[str, tuple[Option, list[str]]]:
+    """Every task's video options by name, with the tasks that take them."""
+    names = {option.name for task in TASKS.values() for option in task.video_options}
+    return {name: entry for name, entry in options_by_name().items() if name in names}
+
+
 def get_task(name: str) -> Task:
     """The registered task called `name`."""
     if isinstance(name, str) and name in TASKS:

@@ -84,8 +84,29 @@ class PersonTracker:
         overlap = box_overlap(track.person.box, person.box)
         return (overlap + keypoint_similarity(track.person, person, self.threshold)) / 2
 
-    def update(self, persons: Sequence[Person]) -> list[int]:
-        """The track id of each of `persons` (one frame's), best matches first."""
+    def update(self, persons: Sequence[Person], known: Sequence[int] | None = None) -> list[int]:
+        """The track id of each of `persons` (one frame's), best matches first; `known`: the ids the persons
+        are known to continue (found in boxes drawn around those tracks' keypoints), then nothing is
+        matched."""
+        ids = self._matched(persons) if known is None else list(known)
+        if len(ids) != len(persons):
+            raise ValueError(f"{len(persons)} persons but {len(ids)} known ids")
+        continued = {track_id for track_id in ids if track_id is not None}
+        for track in self.tracks:
+            track.missing = 0 if track.id in continued else track.missing + 1
+        self.tracks = [track for track in self.tracks if track.missing <= self.max_missing]
+        by_id = {track.id: track for track in self.tracks}
+        for p, person in enumerate(persons):
+            if ids[p] in by_id:
+                by_id[ids[p]].person = person
+            else:
+                ids[p] = self._next_id
+                self._next_id += 1
+                self.tracks.append(Track(ids[p], person))
+        return ids
+
+    def _matched(self, persons: Sequence[Person]) -> list[int | None]:
+        """The id of the track each person resembles most, pairs taken best first; None for no match."""
         pairs = sorted(
             (
                 (self.similarity(track, person), t, p)
@@ -103,17 +124,6 @@ class PersonTracker:
                 continue
             matched.add(t)
             ids[p] = self.tracks[t].id
-        for t, track in enumerate(self.tracks):
-            track.missing = 0 if t in matched else track.missing + 1
-        self.tracks = [track for track in self.tracks if track.missing <= self.max_missing]
-        by_id = {track.id: track for track in self.tracks}
-        for p, person in enumerate(persons):
-            if ids[p] is None:
-                ids[p] = self._next_id
-                self._next_id += 1
-                self.tracks.append(Track(ids[p], person))
-            else:
-                by_id[ids[p]].person = person
         return ids
 
     @property
