@@ -61,6 +61,7 @@ class Step:
 
 
 Finish = Callable[[PipelineContext, Photo], TaskResult]
+Given = Sequence[Mapping[str, Any] | None]  # per photo, the values it starts with (None: none)
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,7 @@ class Pipeline:
     finish: Finish
 
     def run(
-        self,
-        context: PipelineContext,
-        images: Sequence[LoadedImage],
-        given: Sequence[Mapping[str, Any] | None] | None = None,
+        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
     ) -> list[TaskResult]:
         """One result per photo, in order: every step on the whole batch, then each photo finished.
         `given`: values each photo starts with (None: none), which the steps may use (pose's given boxes).

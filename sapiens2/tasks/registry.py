@@ -16,7 +16,7 @@ from sapiens2.pipelines.options import Option, shown
 if TYPE_CHECKING:
     from sapiens2.outputs.results import FrameFollower, FrameLog, TaskResult
     from sapiens2.pipelines.context import PipelineContext
-    from sapiens2.pipelines.steps import Pipeline
+    from sapiens2.pipelines.steps import Given, Pipeline
     from sapiens2.vision.images import LoadedImage
 
 
@@ -131,10 +131,7 @@ class Task:
         return (*self.options, *self.video_options)
 
     def run(
-        self,
-        context: PipelineContext,
-        images: Sequence[LoadedImage],
-        given: Sequence[Mapping[str, Any] | None] | None = None,
+        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
     ) -> list[TaskResult]:
         """One result per photo, in order; `given`: values each photo starts with (see Pipeline.run)."""
         return self.pipeline.run(context, images, given)
