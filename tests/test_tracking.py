@@ -1,5 +1,6 @@
 """Tracking and smoothing on synthetic clips: two persons crossing, one leaving and coming back, keypoints
-with added noise, boxes from a fixed stand-in detector (the true boxes; no model runs here)."""
+with added noise, boxes from a fixed stand-in detector (the true boxes). No model runs here: the checks need
+known paths, which a model with random weights cannot give (tests/test_video.py runs the real ones)."""
 
 import dataclasses
 
@@ -185,3 +186,16 @@ def test_bad_video_options_are_refused_by_name(values, message):
 
     with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)")):
         get_task("pose").coerce_video_options(values)
+
+
+def test_where_every_model_call_is_a_gpu_call_the_detector_runs_on_every_frame():
+    options, video_options = get_task("pose").coerce_video_options({"detect_every": 5})
+    tracker = PoseTracker({**options, **video_options}, batched=True)
+    assert not tracker.sequential
+    for persons in crossing(3):
+        assert tracker.given() is None
+        tracker.follow(np.zeros((HEIGHT, WIDTH, 3), np.uint8), frame_result(persons, None), 1 / FPS)
+    assert (
+        "The person detector ran on every frame: here each model call is a call to the GPU"
+        in tracker.notes[0]
+    )

@@ -359,7 +359,10 @@ def process_video(runtime: Runtime, job: VideoJob, progress: Progress | None = N
     # Load the model before the clock starts, and fail before decoding.
     runtime.prepare(job.model or task.repo_id(job.size), progress)
     log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
-    follower = task.frame_follower({**options, **video_options}) if task.frame_follower else None
+    follower = None
+    if task.frame_follower is not None:  # across a device boundary every model call is costly
+        batched = runtime.device_boundary is not None
+        follower = task.frame_follower({**options, **video_options}, batched)
     if follower is not None and follower.sequential:
         batch_size = 1  # each frame's run needs the frame before
     capture = _open(job.path)

@@ -123,11 +123,14 @@ class FrameFollower(ABC):
 
     For each frame in order: `given()` is what the frame's run starts with (Runtime.run's `given`), then
     `follow(rgb, result, dt)` turns the frame's result into the one shown and recorded, `dt` seconds after
-    the frame before. `options`: the task's and its video options, checked, by name.
+    the frame before. `options`: the task's and its video options, checked, by name. `batched`: each
+    model call is costly (it crosses to a GPU worker), so frames must go through the model in batches and
+    the follower does without what would need them one at a time.
     """
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
+    def __init__(self, options: Mapping[str, Any], batched: bool = False) -> None:
         self.options = options
+        self.batched = batched
 
     @property
     def sequential(self) -> bool:

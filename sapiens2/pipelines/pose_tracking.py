@@ -72,10 +72,11 @@ class PoseTracker(FrameFollower):
     `follow(rgb, result, dt)` gives the result shown and recorded (its pictures drawn again).
     """
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        super().__init__(options)
+    def __init__(self, options: Mapping[str, Any], batched: bool = False) -> None:
+        super().__init__(options, batched)
         self.threshold = float(options["threshold"])
-        self.detect_every = max(1, round(options["detect_every"]))
+        self.asked_every = max(1, round(options["detect_every"]))
+        self.detect_every = 1 if batched else self.asked_every
         self.tracker = PersonTracker(self.threshold)
         self.filters: dict[int, KeypointFilter] = {}
         self.frames = 0  # frames followed
@@ -141,6 +142,11 @@ class PoseTracker(FrameFollower):
 
     @property
     def notes(self) -> list[str]:
+        if self.asked_every > self.detect_every:
+            return [
+                "The person detector ran on every frame: here each model call is a call to the GPU, so "
+                "frames go through the model in batches, and detecting every N frames needs them one by one."
+            ]
         if self.detect_every == 1 or not self.frames:
             return []
         return [
