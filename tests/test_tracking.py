@@ -115,12 +115,17 @@ def test_a_keypoint_below_the_threshold_is_not_dragged_from_where_it_was():
     assert shown[0].tolist() == [0, 0]
 
 
-def test_a_box_around_the_keypoints_needs_a_few_confident_ones():
+def test_a_box_around_the_keypoints_needs_a_few_confident_ones_and_stays_in_the_image():
     person = person_at(100, 50, np.random.default_rng(4), noise=0)
-    box = box_from_keypoints(person, 0.3)
+    box = box_from_keypoints(person, 0.3, (HEIGHT, WIDTH))
     assert box[0] < 100 + 0.1 * BOX[0] and box[2] == pytest.approx(0.8 * BOX[0] * 1.2, rel=0.05)
+    # Keypoints far outside the frame (a model's guesses for someone leaving) give a box inside it.
+    person.keypoints[:2] = [[-5000, -5000], [9000, 9000]]
+    assert box_from_keypoints(person, 0.3, (HEIGHT, WIDTH)).tolist() == [0, 0, WIDTH, HEIGHT]
+    person.keypoints[:] = [WIDTH + 50, 10]  # all to the right of the frame
+    assert box_from_keypoints(person, 0.3, (HEIGHT, WIDTH)) is None
     person.scores[:] = 0.1
-    assert box_from_keypoints(person, 0.3) is None
+    assert box_from_keypoints(person, 0.3, (HEIGHT, WIDTH)) is None
 
 
 def frame_result(persons: list[Person], given: Detections | None):

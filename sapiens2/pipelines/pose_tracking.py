@@ -107,7 +107,7 @@ class PoseTracker(FrameFollower):
         followed = [
             self._followed(person, track_id, dt) for person, track_id in zip(persons, ids, strict=True)
         ]
-        self._next, self._next_ids = self._next_boxes(persons), ids
+        self._next, self._next_ids = self._next_boxes(persons, prediction.image_size), ids
         if prediction.detections.fallback:
             return result
         shown = dataclasses.replace(prediction, persons=followed)
@@ -128,12 +128,12 @@ class PoseTracker(FrameFollower):
         shown_id = track_id if self.options["track"] else None
         return dataclasses.replace(person, keypoints=keypoints, track_id=shown_id)
 
-    def _next_boxes(self, persons: list[Person]) -> Detections | None:
+    def _next_boxes(self, persons: list[Person], image_size: tuple[int, int]) -> Detections | None:
         """Boxes around the persons' keypoints for the next frame; None when it is the detector's turn, or
         when someone's keypoints are too uncertain for a box (the person may be leaving)."""
         if not persons or self._since_detection + 1 >= self.detect_every:
             return None
-        boxes = [box_from_keypoints(person, self.threshold) for person in persons]
+        boxes = [box_from_keypoints(person, self.threshold, image_size) for person in persons]
         if any(box is None for box in boxes):
             return None
         scores = [0.0 if person.box_score is None else person.box_score for person in persons]

@@ -51,16 +51,21 @@ def keypoint_similarity(first: Person, second: Person, threshold: float) -> floa
     return float(np.mean(np.exp(-distances / (2 * area * KEYPOINT_SPREAD**2))))
 
 
-def box_from_keypoints(person: Person, threshold: float) -> np.ndarray | None:
-    """An (x, y, w, h) box around the person's confident keypoints, widened by BOX_MARGIN; None when fewer
-    than MIN_BOX_POINTS keypoints are confident."""
+def box_from_keypoints(person: Person, threshold: float, image_size: tuple[int, int]) -> np.ndarray | None:
+    """An (x, y, w, h) box around the person's confident keypoints, widened by BOX_MARGIN and kept inside
+    the image of `image_size` (height, width); None when fewer than MIN_BOX_POINTS keypoints are confident
+    or the box is less than a pixel wide inside the image."""
     confident = (person.scores >= threshold) & np.isfinite(person.keypoints).all(axis=1)
     if confident.sum() < MIN_BOX_POINTS:
         return None
     points = person.keypoints[confident]
     low, high = points.min(axis=0), points.max(axis=0)
     centre, extent = (low + high) / 2, np.maximum(high - low, 1.0) * BOX_MARGIN
-    return np.concatenate([centre - extent / 2, extent])
+    corner = np.array([image_size[1], image_size[0]], dtype=np.float64)
+    low, high = np.clip(centre - extent / 2, 0, corner), np.clip(centre + extent / 2, 0, corner)
+    if np.any(high - low < 1):
+        return None
+    return np.concatenate([low, high - low])
 
 
 class PersonTracker:
