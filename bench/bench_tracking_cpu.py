@@ -94,28 +94,33 @@ def main() -> None:
         print(f"{args.frames} frames of 256x192, model input {args.model_input}, median of {args.runs} runs")
         print("| setting | frames/s | detector runs | detector ms per frame | speed-up |")
         print("| --- | ---: | ---: | ---: | ---: |")
-        first = None
-        for label, values in SETTINGS.items():
-            options = {"threshold": 0.0, **values}
-            rates, calls, seconds = [], [], []
-            for _ in range(args.runs):
+        # Settings take turns, run after run, so that a change in the machine's load hits them alike.
+        rates = {label: [] for label in SETTINGS}
+        calls = {label: [] for label in SETTINGS}
+        seconds = {label: [] for label in SETTINGS}
+        for _ in range(args.runs):
+            for label, values in SETTINGS.items():
                 detector.calls, detector.seconds = 0, 0.0
+                options = {"threshold": 0.0, **values}
                 job = VideoJob("pose", clip, scratch / "out", options=options, video_format="mp4")
-                result = process_video(runtime, job)
-                rates.append(result.frames_per_second)
-                calls.append(detector.calls)
-                seconds.append(detector.seconds)
-            rate = statistics.median(rates)
-            first = first or rate
-            per_frame = 1000 * statistics.median(seconds) / args.frames
-            runs = f"{statistics.median(calls):.0f} of {args.frames}"
+                rates[label].append(process_video(runtime, job).frames_per_second)
+                calls[label].append(detector.calls)
+                seconds[label].append(detector.seconds)
+        first = statistics.median(next(iter(rates.values())))
+        for label in SETTINGS:
+            rate = statistics.median(rates[label])
+            per_frame = 1000 * statistics.median(seconds[label]) / args.frames
+            runs = f"{statistics.median(calls[label]):.0f} of {args.frames}"
             print(f"| {label} | {rate:.2f} | {runs} | {per_frame:.0f} | {rate / first:.2f}x |")
         frames = read_video(clip)[0]
         live = {"plain (before)": None, "PoseTracker, detector every 5": {"detect_every": 5}}
         print("\n| live-like loop, one frame at a time | frames/s |\n| --- | ---: |")
-        for label, values in live.items():
-            rate = statistics.median(live_rate(runtime, frames, values) for _ in range(args.runs))
-            print(f"| {label} | {rate:.2f} |")
+        live_rates = {label: [] for label in live}
+        for _ in range(args.runs):
+            for label, values in live.items():
+                live_rates[label].append(live_rate(runtime, frames, values))
+        for label, found in live_rates.items():
+            print(f"| {label} | {statistics.median(found):.2f} |")
 
 
 if __name__ == "__main__":
