@@ -294,6 +294,7 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget
             )
             choice = components.task_choice()
             size = components.size_choice(runtime.offered_sizes(FIRST_TASK), TASKS[FIRST_TASK].default_size)
+            controls = components.video_controls(runtime.device)
             button = gr.Button("Run on the video", variant="primary", elem_id="video-run")
         with gr.Column(scale=3):
             shown = gr.Video(label="Result", interactive=False, elem_id="video-result")
@@ -308,7 +309,7 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget
     )
     button.click(
         cancellable(handlers.video_handler(runtime, scratch, slot), budget),
-        inputs=[clip, choice, size],
+        inputs=[clip, choice, size, *controls],
         outputs=[shown, summary, files],
         api_name="video",
         api_description="A short clip through one task; returns the processed video and its files.",

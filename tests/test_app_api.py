@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -346,3 +347,31 @@ def test_the_video_tab_names_the_model_that_ran_and_offers_the_tasks_own_sizes(c
     config = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/video"]
     [size] = [parameter for parameter in config["parameters"] if parameter["parameter_name"] == "size"]
     assert size["parameter_default"] == TASKS[next(iter(TASKS))].default_size
+
+
+def test_video_endpoint_takes_the_pose_video_options_by_name(client, tmp_path):
+    from test_video import write_clip
+
+    from sapiens2.tasks import video_options
+
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    parameters = {p["parameter_name"]: p.get("parameter_default") for p in endpoints["/video"]["parameters"]}
+    assert list(parameters)[:3] == ["video", "task", "size"]
+    assert list(parameters)[3:] == list(video_options())
+    # The test server runs on the CPU: the detector every 5 frames there (every frame with a GPU).
+    assert (parameters["track"], parameters["smoothing"], parameters["detect_every"]) == (True, True, 5)
+    clip = tmp_path / "walk.mp4"
+    write_clip(clip, count=3)
+    _, summary, files = client.predict(
+        handle_file(str(clip)), task="pose", detect_every=2, beta=1.5, api_name="/video"
+    )
+    assert re.search(r"The person detector ran on [23] of 3 frames \(every 2\)\.", summary)
+    names = {Path(path).name for path in files}
+    assert {"walk_pose.webm", "walk_controlnet.webm", "walk_predictions.json"} <= names
+    frames = json.loads(next(Path(p) for p in files if p.endswith("_predictions.json")).read_text())["frames"]
+    assert all("track_id" in instance for frame in frames for instance in frame["instances"])
+    # Another task leaves pose's video options; a bad value is refused by name.
+    _, summary, _ = client.predict(handle_file(str(clip)), task="segment", detect_every=2, api_name="/video")
+    assert "detector" not in summary
+    with pytest.raises(AppError, match="Option 'detect_every' must be a number between 1 and 30, not 99"):
+        client.predict(handle_file(str(clip)), task="pose", detect_every=99, api_name="/video")

@@ -272,7 +272,7 @@ def test_videos_through_the_command_line(photos, setup_args, tmp_path):
     out = tmp_path / "out"
     status, printed = run_cli("pose", clips, "--out", out, "--stride", 2, "--max-frames", 2, *setup_args)
     assert status == EXIT_OK
-    assert files_under(out) == {"walk_pose.webm", "walk_predictions.json"}
+    assert files_under(out) == {"walk_pose.webm", "walk_controlnet.webm", "walk_predictions.json"}
     frames, fps = read_video(out / "walk_pose.webm")
     assert len(frames) == 2 and fps == 6.0
     assert len(json.loads((out / "walk_predictions.json").read_text())["frames"]) == 2
@@ -283,13 +283,53 @@ def test_videos_through_the_command_line(photos, setup_args, tmp_path):
     (out / "walk_predictions.json").unlink()
     written = video.stat().st_mtime_ns
     status, printed = run_cli("pose", clips, "--out", out, "--stride", 2, "--max-frames", 2, *setup_args)
-    assert status == EXIT_OK and "1 file written" in printed and "1 already there" in printed
+    assert status == EXIT_OK and "1 file written" in printed and "2 already there" in printed
     assert video.stat().st_mtime_ns == written and (out / "walk_predictions.json").is_file()
 
     status, _ = run_cli(
         "segment", clips / "walk.mp4", "--out", out, "--max-frames", 1, "--video-format", "mp4", *setup_args
     )
     assert status == EXIT_OK and len(read_video(out / "walk_segment.mp4")[0]) == 1
+
+
+def test_pose_video_options_from_the_command_line(setup_args, tmp_path):
+    write_clip(tmp_path / "walk.mp4", count=4)
+    out = tmp_path / "out"
+    flags = ["--detect-every", 2, "--min-cutoff", 0.5, "--beta", 3, "--threshold", 0]
+    status, printed = run_cli(
+        "pose", tmp_path / "walk.mp4", "--out", out, "--exports", "json", *flags, *setup_args
+    )
+    assert status == EXIT_OK and "The person detector ran on 2 of 4 frames (every 2)." in printed
+    frames = json.loads((out / "walk_predictions.json").read_text())["frames"]
+    assert all("track_id" in instance for frame in frames for instance in frame["instances"])
+    status, printed = run_cli(
+        "pose",
+        tmp_path / "walk.mp4",
+        "--out",
+        out,
+        "--overwrite",
+        "--no-track",
+        "--detect-every",
+        1,
+        *setup_args,
+    )
+    assert status == EXIT_OK and "detector ran" not in printed
+    frames = json.loads((out / "walk_predictions.json").read_text())["frames"]
+    assert not any("track_id" in instance for frame in frames for instance in frame["instances"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["pose", "--detect-every", "0"], "Option 'detect_every' must be a number between 1 and 30, not 0."),
+        (["segment", "--no-smoothing"], "--smoothing is an option of pose, not of segment"),
+    ],
+)
+def test_bad_video_options_are_usage_errors(argv, message, tmp_path, capsys):
+    task, *flags = argv
+    with pytest.raises(SystemExit) as stopped:
+        main([task, str(tmp_path / "walk.mp4"), "--out", str(tmp_path / "out"), *flags])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_nothing_succeeded_exits_with_status_1(photos, setup_args, tmp_path, capsys):

@@ -55,6 +55,19 @@ def test_every_tasks_work_and_outcome_pickle_and_give_the_plain_result(runtimes,
         assert np.array_equal(picture, reference), title
 
 
+def test_pose_boxes_given_to_a_frame_cross_the_boundary_and_replace_the_detector(runtimes):
+    from sapiens2.vision.detector import Detections
+
+    plain, crossing, seen = runtimes
+    before = len(seen)
+    boxes = Detections(np.array([[10, 20, 50, 80]], dtype=np.float32), np.array([0.9], np.float32), found=1)
+    expected = plain.run("pose", PHOTO, given={"given_boxes": boxes})
+    result = crossing.run("pose", PHOTO, given={"given_boxes": boxes})
+    assert len(seen) == before + 1  # the boxes went with the photo, pickled, to the device side
+    assert [person.box.tolist() for person in result.prediction.persons] == [[10, 20, 50, 80]]
+    assert np.array_equal(result.pictures[0][1], expected.pictures[0][1])
+
+
 def test_an_error_on_the_device_side_comes_back_and_is_raised_by_the_caller(runtimes):
     _, crossing, _ = runtimes
     with pytest.raises(Exception, match="sapiens2-pose-1b"):

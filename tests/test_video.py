@@ -81,12 +81,18 @@ def test_the_synthetic_clip_reads_back(clip):
 def test_pose_video_and_its_frame_list(runtime, clip, tmp_path):
     path, _ = clip
     calls = []
-    job = VideoJob("pose", path, tmp_path)
+    # Detecting in every frame, frames go through the model in batches (of 4 here).
+    job = VideoJob("pose", path, tmp_path, options={"detect_every": 1})
     result = process_video(runtime, job, progress=lambda f, text: calls.append((f, text)))
     assert result.files == video_outputs(get_task("pose"), tmp_path, "walk")
-    assert result.files == [tmp_path / "walk_pose.webm", tmp_path / "walk_predictions.json"]
+    names = ("walk_pose.webm", "walk_controlnet.webm", "walk_predictions.json")
+    assert result.files == [tmp_path / name for name in names]
     frames, fps = read_video(result.video_path)
     assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, WIDTH, 3) and fps == FPS
+    # The ControlNet drawing of every frame, at the frame's size: OpenPose's colours on black.
+    drawings, _ = read_video(tmp_path / "walk_controlnet.webm")
+    assert len(drawings) == FRAMES and drawings[0].shape == (HEIGHT, WIDTH, 3)
+    assert all(np.median(drawing) < 10 for drawing in drawings)
     assert (result.frames, result.fps, result.notes) == (FRAMES, FPS, [])
     assert result.frames_per_second > 0
     # Before the first batch ends the page already says what is happening (after loading the model, if it
@@ -132,6 +138,53 @@ def test_pose_video_writes_the_keypoint_formats_of_every_frame(runtime, clip, tm
     assert len(document["people"]) == len(log[0]["instances"])
     assert len(document["people"][0]["pose_keypoints_2d"]) == 75
     assert no_hidden_files(tmp_path)
+
+
+class CountingDetector:
+    """The real yolo11n detector of the tests, counting the frames it is asked about."""
+
+    def __init__(self, weights: str):
+        from sapiens2.vision.detector import YoloPersonDetector
+
+        self.detector, self.calls = YoloPersonDetector(weights), 0
+
+    def detect(self, image_rgb: np.ndarray):
+        self.calls += 1
+        return self.detector.detect(image_rgb)
+
+
+def test_pose_video_tracks_its_persons_and_detects_every_n_frames(
+    small_mirror, few_persons_yolo, clip, tmp_path
+):
+    path, _ = clip
+    detector = CountingDetector(few_persons_yolo)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAPIENS2_CHECKPOINT_DIR", str(small_mirror))
+        runtime = Runtime(device="cpu", dtype="fp32", detector=detector, batch_size=4)
+        # Threshold 0: every keypoint of the random model counts, so each person gets a box between
+        # detections.
+        formats = ["sapiens308", "coco17", "openpose"]
+        options = {"detect_every": 3, "threshold": 0.0, "keypoint_format": formats}
+        result = process_video(runtime, VideoJob("pose", path, tmp_path, options=options))
+    assert detector.calls == 2  # frames 0 and 3
+    assert result.notes == [f"The person detector ran on 2 of {FRAMES} frames (every 3)."]
+    frames = json.loads(result.log_path.read_text())["frames"]
+    ids = [[instance["track_id"] for instance in frame["instances"]] for frame in frames]
+    assert ids[0] == list(range(1, len(ids[0]) + 1))
+    assert all(frame_ids == ids[0] for frame_ids in ids[1:3])  # the boxes of frames 1 and 2 follow 0's
+    coco = json.loads((tmp_path / "walk_coco17.json").read_text())
+    assert [entry["track_id"] for entry in coco if entry["image_id"] == 0] == ids[0]
+    first = json.loads((tmp_path / "walk_openpose" / "walk_000000000000_keypoints.json").read_text())
+    assert [person["person_id"] for person in first["people"]] == [[i] for i in ids[0]]
+
+
+def test_pose_video_without_tracking_writes_no_ids(runtime, clip, tmp_path):
+    path, _ = clip
+    options = {"track": False, "smoothing": False, "detect_every": 1}
+    result = process_video(runtime, VideoJob("pose", path, tmp_path, options=options, write_video=False))
+    frames = json.loads(result.log_path.read_text())["frames"]
+    assert frames[0]["instances"] and not any("track_id" in i for f in frames for i in f["instances"])
+    assert result.notes == []
 
 
 def test_segmentation_video_shows_each_frame_overlay_in_order(runtime, clip, tmp_path):

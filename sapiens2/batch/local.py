@@ -161,7 +161,7 @@ class Run:
             source.directory,
             size=task.size_or_default(request.size),
             model=request.model,
-            options=request.task_options(task),
+            options=request.task_options(task, videos=True),
             stem=source.stem,
             max_seconds=None,
             max_frames=request.max_frames,
@@ -191,7 +191,8 @@ class Run:
         self.report.kept += len(self.plan.outputs(task, source)) - len(missing)
         self.report.succeeded += 1
         persons = "" if result.persons is None else f", {count(result.persons, 'person')}"
+        notes = "".join(f". {note}" for note in result.notes)
         self.report.videos.append(
             f"{source.label}, {task.name}: {result.frames} frames in {result.seconds:.1f} s, "
-            f"{result.frames_per_second:.2f} frames/s{persons}"
+            f"{result.frames_per_second:.2f} frames/s{persons}{notes}"
         )

@@ -41,7 +41,8 @@ class BatchRequest:
     compile: bool | None = None
     cluster: ClusterSettings | None = None
 
-    def task_options(self, task: Task) -> dict[str, Any]:
-        """The options given for `task` (the others take their defaults)."""
-        names = {option.name for option in task.options}
+    def task_options(self, task: Task, videos: bool = False) -> dict[str, Any]:
+        """The options given for `task` (the others take their defaults); with `videos`, its video options
+        too."""
+        names = {option.name for option in (task.all_options if videos else task.options)}
         return {name: value for name, value in self.options.items() if name in names and value is not None}

@@ -69,7 +69,8 @@ class VideoJob:
     frame; `max_frames` and `max_seconds` (of source time; None for no limit) cut the video short. The
     video shows the task's first picture of each frame, as a VP8 WebM that browsers play or, with
     video_format="mp4", an mp4v MP4 (much faster to write; desktop players only); `write_log` also writes
-    the task's frame log, if it has one.
+    the task's frame log, if it has one. `options` holds the task's options and its video options (pose:
+    tracking, smoothing, detect_every), by name.
     """
 
     task: str
@@ -106,8 +107,9 @@ class VideoJob:
 class VideoResult:
     """A processed video: the video and the frame log (None when not written), frames run, the video's
     frame rate, seconds of wall time, persons detected over all frames (None for tasks that detect none),
-    notes for the user, and the files in other tools' formats written beside the log (pose: COCO results,
-    OpenPose's folder of frames)."""
+    notes for the user, the videos of the task's other pictures (pose: the ControlNet drawing) and the
+    files in other tools' formats written beside the log (pose: COCO results, OpenPose's folder of
+    frames)."""
 
     video_path: Path | None
     log_path: Path | None
@@ -117,6 +119,7 @@ class VideoResult:
     persons: int | None = None
     notes: list[str] = field(default_factory=list)
     format_paths: list[Path] = field(default_factory=list)
+    picture_paths: list[Path] = field(default_factory=list)
 
     @property
     def frames_per_second(self) -> float:
@@ -126,7 +129,9 @@ class VideoResult:
     @property
     def files(self) -> list[Path]:
         """The files written."""
-        return [path for path in (self.video_path, self.log_path) if path is not None] + self.format_paths
+        video = [self.video_path] if self.video_path is not None else []
+        log = [self.log_path] if self.log_path is not None else []
+        return video + self.picture_paths + log + self.format_paths
 
 
 def _open(path: str | os.PathLike) -> cv2.VideoCapture:
@@ -325,12 +330,16 @@ def video_outputs(
     write_log: bool = True,
     options: Mapping[str, Any] | None = None,
 ) -> list[Path]:
-    """The files process_video writes: out_dir/{stem}_{task}.mp4 (or .webm), the task's frame log and the
-    other formats the `options` (by name; None: the defaults) ask for beside it."""
+    """The files process_video writes: out_dir/{stem}_{task}.mp4 (or .webm), a video of each picture the
+    task also shows as one (pose: {stem}_controlnet.webm), the task's frame log and the other formats the
+    `options` (by name; None: the defaults) ask for beside it."""
     if video_format not in VIDEO_FORMATS:
         raise ValueError(f"video format {video_format!r} is not one of {', '.join(VIDEO_FORMATS)}")
     out_dir = Path(out_dir)
-    paths = [out_dir / f"{stem}_{task.name}.{video_format}"] if write_video else []
+    paths = []
+    if write_video:
+        paths.append(out_dir / f"{stem}_{task.name}.{video_format}")
+        paths += [out_dir / f"{stem}{p.suffix}.{video_format}" for p in task.pictures if p.in_videos]
     if task.frame_log is not None and write_log:
         suffixes = task.frame_log.format_suffixes(task.own_options(options or {}))
         paths += [out_dir / f"{stem}{suffix}" for suffix in (task.frame_log.suffix, *suffixes)]
@@ -343,7 +352,7 @@ def process_video(
     progress: Progress | None = None,
     hold: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> VideoResult:
-    """Run a video job: the task on the video's frames, writing the video and the task's frame log.
+    """Run a video job: the task on the video's frames, writing the videos and the task's frame log.
 
     `progress(fraction, text)` follows each batch. `hold()`, when given, is held around the model's
     loading and around each batch's model work, and let go between them (the app lends its device to
@@ -352,14 +361,21 @@ def process_video(
     """
     hold = hold or contextlib.nullcontext
     task = get_task(job.task)
-    options = task.coerce_options(job.options, runtime.device)
+    options, video_options = task.coerce_video_options(job.options, runtime.device)
     batch_size = job.batch_size or runtime.batch_size
     stem = job.output_stem
-    target = video_outputs(task, job.out_dir, stem, video_format=job.video_format)[0]
+    targets = video_outputs(task, job.out_dir, stem, video_format=job.video_format)
+    shown = [picture.title for picture in task.pictures if picture.in_videos]
     # Load the model before the clock starts, and fail before decoding.
     with hold():
         runtime.prepare(job.model or task.repo_id(job.size), progress)
     log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
+    follower = None
+    if task.frame_follower is not None:  # across a device boundary every model call is costly
+        batched = runtime.device_boundary is not None
+        follower = task.frame_follower({**options, **video_options}, batched)
+    if follower is not None and follower.sequential:
+        batch_size = 1  # each frame's run needs the frame before
     capture = _open(job.path)
     try:
         info = _info(capture)
@@ -373,12 +389,15 @@ def process_video(
             queue_size=2 * batch_size,
             limits=job.limits,
         )
-        sink = VideoFileWriter(target, info.fps / job.stride) if job.write_video else None
+        fps = info.fps / job.stride
+        sinks = [VideoFileWriter(path, fps) for path in targets[: 1 + len(shown)]] if job.write_video else []
         total = planned_frames(
             info, stride=job.stride, max_frames=job.max_frames, max_seconds=job.max_seconds
         )
         start = time.perf_counter()
-        with reader, sink or contextlib.nullcontext():
+        with reader, contextlib.ExitStack() as stack:
+            for sink in sinks:
+                stack.enter_context(sink)
             frames, persons, stopped = 0, None, None
             if progress is not None:
                 progress(0.0, f"0 of {total or '?'} frames: decoding")
@@ -386,20 +405,30 @@ def process_video(
                 done = f"{frames} of {total or '?'} frames: "
                 step = within(progress, *_span(frames, len(batch), total), done)
                 images = [rgb for _, rgb in batch]
+                given = None if follower is None else [follower.given() for _ in batch]
                 try:
                     check_cancelled()
                     with hold():
                         results = runtime.run_batch(
-                            task.name, images, size=job.size, model=job.model, progress=step, **options
+                            task.name,
+                            images,
+                            size=job.size,
+                            model=job.model,
+                            progress=step,
+                            given=given,
+                            **options,
                         )
                 except DeviceTimeError as error:
                     if frames == 0:
                         raise
                     stopped = error
                     break
-                for (index, _), result in zip(batch, results, strict=True):
-                    if sink is not None:
-                        sink.write(result.pictures[0][1])
+                for (index, rgb), result in zip(batch, results, strict=True):
+                    if follower is not None:
+                        result = follower.follow(rgb, result, 1.0 / fps)
+                    pictures = dict(result.pictures)
+                    for sink, title in zip(sinks, [result.pictures[0][0], *shown], strict=False):
+                        sink.write(pictures[title])
                     if log is not None:
                         log.add(f"{index:06d}", result)
                     if result.persons is not None:
@@ -415,14 +444,15 @@ def process_video(
     cut_at = frames if reader.cut_short and stopped is None else None
     notes = _notes(info, job.max_seconds, cut_at) + _stop_note(stopped, frames)
     return VideoResult(
-        video_path=sink.path if sink is not None else None,
+        video_path=sinks[0].path if sinks else None,
         log_path=log.write(Path(job.out_dir), stem) if log is not None else None,
+        picture_paths=[sink.path for sink in sinks[1:]],
         format_paths=log.write_formats(Path(job.out_dir), stem) if log is not None else [],
         frames=frames,
-        fps=info.fps / job.stride,
+        fps=fps,
         seconds=seconds,
         persons=persons,
-        notes=notes,
+        notes=notes + (follower.notes if follower is not None else []),
     )
 
 

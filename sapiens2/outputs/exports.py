@@ -184,7 +184,8 @@ def pose_frames_document(
 ) -> dict:
     """The official demo's per-video pose JSON: frames -> instances -> bbox, keypoints, keypoint_scores.
 
-    frames are (frame name, persons) pairs; as in the official demo, bbox is x_min, y_min, x_max, y_max.
+    frames are (frame name, persons) pairs; as in the official demo, bbox is x_min, y_min, x_max, y_max;
+    a tracked person's instance also has its track_id.
     """
     records = []
     keypoint_count = None
@@ -193,11 +194,14 @@ def pose_frames_document(
         for person in persons:
             keypoint_count = len(person.keypoints)
             box = person.box
-            instances.append({
+            instance = {
                 "bbox": _rounded(np.concatenate([box[:2], box[:2] + box[2:]]), 2),
                 "keypoints": _rounded(person.keypoints, 2),
                 "keypoint_scores": _rounded(person.scores, 4),
-            })
+            }
+            if person.track_id is not None:
+                instance["track_id"] = int(person.track_id)
+            instances.append(instance)
         records.append({"image_name": name, "instances": instances})
     return {
         "video": video,

@@ -39,30 +39,37 @@ def coco_image_id(stem: str) -> int | str:
 
 
 def coco_results(found: KeypointFormat, persons: Sequence[Person], image_id: int | str) -> list[dict]:
-    """COCO keypoint results, one per person: keypoints as [x, y, score] * K, the box (x, y, w, h), and a
-    person score (the box's score times the mean score of the points the format has)."""
+    """COCO keypoint results, one per person: keypoints as [x, y, score] * K, the box (x, y, w, h), a
+    person score (the box's score times the mean score of the points the format has) and, for a tracked
+    person, its track_id."""
     results = []
     for person in persons:
         ((points, scores),) = found.convert(person.keypoints, person.scores).values()
         present = [bool(sources) for sources in found.parts[0].sources]
         mean = float(scores[present].mean()) if any(present) else 0.0
         box_score = 1.0 if person.box_score is None else float(person.box_score)
-        results.append({
+        result = {
             "image_id": image_id,
             "category_id": COCO_PERSON,
             "keypoints": _triplets(points, scores),
             "score": round(box_score * mean, 4),
             "bbox": np.round(person.box, 2).tolist(),
-        })
+        }
+        if person.track_id is not None:  # PoseTrack's name for it
+            result["track_id"] = int(person.track_id)
+        results.append(result)
     return results
 
 
 def openpose_document(found: KeypointFormat, persons: Sequence[Person]) -> dict:
-    """OpenPose's per-image JSON: version 1.3, people with the pose (BODY_25), face (70) and hands (21)."""
+    """OpenPose's per-image JSON: version 1.3, people with the pose (BODY_25), face (70) and hands (21);
+    person_id is a tracked person's id, else -1 as OpenPose writes it."""
     people = []
     for person in persons:
         parts = found.convert(person.keypoints, person.scores)
-        people.append({"person_id": [-1], **{name: _triplets(*values) for name, values in parts.items()}})
+        person_id = -1 if person.track_id is None else int(person.track_id)
+        triplets = {name: _triplets(*values) for name, values in parts.items()}
+        people.append({"person_id": [person_id], **triplets})
     return {"version": OPENPOSE_VERSION, "people": people}
 
 

@@ -88,7 +88,7 @@ def draw_pose(
     show_boxes: bool = False,
 ) -> np.ndarray:
     """Skeletons over the image: links, then keypoints whose score is at least threshold (face and hands
-    first, then the body joints with a white rim).
+    first, then the body joints with a white rim), and a tracked person's id at its box's corner.
 
     Sizes follow the image size, and shrink for persons much smaller than the image.
     """
@@ -118,7 +118,21 @@ def draw_pose(
         if show_boxes:
             x, y, w, h = np.round(box).astype(int).tolist()
             cv2.rectangle(canvas, (x, y), (x + w, y + h), BOX_COLOR, thickness, cv2.LINE_AA)
+        if person.track_id is not None:
+            _id_label(canvas, str(person.track_id), box, unit)
     return canvas
+
+
+def _id_label(canvas: np.ndarray, text: str, box: np.ndarray, unit: float) -> None:
+    """A tracked person's id in white on black at the top-left corner of its box, kept inside the image."""
+    scale, thickness = 0.5 * unit, max(1, round(unit))
+    (width, height), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, thickness)
+    pad = max(1, round(2 * unit))
+    x = int(np.clip(np.nan_to_num(box[0]), 0, max(0, canvas.shape[1] - width - 2 * pad)))
+    y = int(np.clip(np.nan_to_num(box[1]), 0, max(0, canvas.shape[0] - height - base - 2 * pad)))
+    cv2.rectangle(canvas, (x, y), (x + width + 2 * pad, y + height + base + 2 * pad), (0, 0, 0), cv2.FILLED)
+    origin = (x + pad, y + pad + height)
+    cv2.putText(canvas, text, origin, cv2.FONT_HERSHEY_SIMPLEX, scale, BOX_COLOR, thickness, cv2.LINE_AA)
 
 
 def _labels(seg: np.ndarray, count: int, shape: tuple[int, int] | None = None) -> np.ndarray:

@@ -116,3 +116,36 @@ class FrameLog(ABC):
     def write_formats(self, directory: Path, stem: str) -> list[Path]:
         """Write the files of format_suffixes; returns their paths."""
         return []
+
+
+class FrameFollower(ABC):
+    """What a task carries from one frame of a video (or of a live stream) to the next: pose's tracks.
+
+    For each frame in order: `given()` is what the frame's run starts with (Runtime.run's `given`), then
+    `follow(rgb, result, dt)` turns the frame's result into the one shown and recorded, `dt` seconds after
+    the frame before. `options`: the task's and its video options, checked, by name. `batched`: each
+    model call is costly (it crosses to a GPU worker), so frames must go through the model in batches and
+    the follower does without what would need them one at a time.
+    """
+
+    def __init__(self, options: Mapping[str, Any], batched: bool = False) -> None:
+        self.options = options
+        self.batched = batched
+
+    @property
+    def sequential(self) -> bool:
+        """True when each frame's run needs the frame before followed first (frames go one at a time)."""
+        return False
+
+    def given(self) -> dict[str, Any] | None:
+        """The values the next frame's run starts with; None: a run like any photo's."""
+        return None
+
+    @abstractmethod
+    def follow(self, rgb: np.ndarray, result: TaskResult, dt: float) -> TaskResult:
+        """The result of the frame `rgb` (RGB at its own size) with what the frames before tell."""
+
+    @property
+    def notes(self) -> list[str]:
+        """What the user should know about the frames followed so far."""
+        return []

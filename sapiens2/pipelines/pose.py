@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,6 +70,7 @@ class PosePrediction:
     detections: Detections
     keypoint_names: tuple[str, ...]
     image_size: tuple[int, int]
+    meta: KeypointMeta | None = field(default=None, repr=False)  # names, skeleton and colours, for drawing
 
     @property
     def detected(self) -> list[Person]:
@@ -119,9 +122,17 @@ def _summary(detections: Detections) -> tuple[str, list[str]]:
 
 
 def _detect(context: PipelineContext, photos: Sequence[Photo]) -> None:
-    context.stage("detecting persons")
+    """The detector's boxes of each photo, except for a photo given its boxes (in photo pixels: a video
+    frame between detections, boxed around the persons of the frame before)."""
+    if any("given_boxes" not in photo.values for photo in photos):
+        context.stage("detecting persons")
     for photo in photos:
-        photo.values["detections"] = context.host.detect(photo.image)
+        given = photo.values.pop("given_boxes", None)
+        if given is None:
+            photo.values["detections"] = context.host.detect(photo.image)
+        else:
+            boxes = given.boxes_xywh * np.float32(photo.image.scale)
+            photo.values["detections"] = dataclasses.replace(given, boxes_xywh=boxes)
 
 
 def _crop(context: PipelineContext, photos: Sequence[Photo]) -> None:
@@ -158,18 +169,25 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     # The metadata from the checkpoint's config: a CPU worker of a cluster reads it without the weights.
     image, found, meta = photo.image, photo.values["detections"], keypoint_meta(context.config())
     persons = _in_photo_pixels(image, found, photo.values["keypoints"], photo.values["scores"])
-    options = context.options
+    prediction = PosePrediction(persons, found, meta.names, image.original_size, meta)
     with photo.timings.measure("pictures"):
-        picture = draw_pose(image.rgb, persons, meta, options["threshold"], options["show_boxes"])
-        controlnet, controlnet_note = _controlnet_picture(image.original_size, persons, meta, options)
-    summary, notes = _summary(found)
-    prediction = PosePrediction(persons, found, meta.names, image.original_size)
+        return pose_result(context.task.name, context.model_name, image.rgb, prediction, context.options)
+
+
+def pose_result(
+    task: str, repo_id: str, rgb: np.ndarray, prediction: PosePrediction, options: Mapping[str, Any]
+) -> TaskResult:
+    """The result of a photo (RGB at its own size) whose persons are found: pictures, files and summary."""
+    meta, persons = prediction.meta, prediction.persons
+    picture = draw_pose(rgb, persons, meta, options["threshold"], options["show_boxes"])
+    controlnet, controlnet_note = _controlnet_picture(prediction.image_size, persons, meta, options)
+    summary, notes = _summary(prediction.detections)
     return TaskResult(
-        task=context.task.name,
-        model_id=context.model_name,
+        task=task,
+        model_id=repo_id,
         pictures=[("Keypoints", picture), ("ControlNet pose", controlnet)],
         prediction=prediction,
-        exporter=_exporter(prediction, context.model_name, options["keypoint_format"], controlnet),
+        exporter=_exporter(prediction, repo_id, options["keypoint_format"], controlnet),
         summary=summary,
         notes=notes + controlnet_note,
         persons=len(prediction.detected),

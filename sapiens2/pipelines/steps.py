@@ -8,7 +8,7 @@ the models live, on batches. `finish` turns one photo's values into its TaskResu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,6 +61,7 @@ class Step:
 
 
 Finish = Callable[[PipelineContext, Photo], TaskResult]
+Given = Sequence[Mapping[str, Any] | None]  # per photo, the values it starts with (None: none)
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,17 @@ class Pipeline:
     steps: tuple[Step, ...]
     finish: Finish
 
-    def run(self, context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
+    def run(
+        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
+    ) -> list[TaskResult]:
         """One result per photo, in order: every step on the whole batch, then each photo finished.
+        `given`: values each photo starts with (None: none), which the steps may use (pose's given boxes).
 
         The steps before the first model step run here; the rest go to the device through the host
         (`ModelHost.run_on_device`: in this process, or across `sapiens2.runtime.boundary`).
         """
-        photos = [Photo(image) for image in images]
+        given = given or [None] * len(images)
+        photos = [Photo(image, dict(values or {})) for image, values in zip(images, given, strict=True)]
         first = self.first_model_step
         self.run_steps(context, photos, 0, first)
         if first < len(self.steps):

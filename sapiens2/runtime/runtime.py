@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -224,11 +224,20 @@ class Runtime:
         model: str | None = None,
         model_name: str | None = None,
         progress: Progress | None = None,
+        given: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> TaskResult:
         """Run `task` on one photo (a LoadedImage or anything `load_image` reads)."""
+        given_all = None if given is None else [given]
         return self.run_batch(
-            task, [image], size=size, model=model, model_name=model_name, progress=progress, **options
+            task,
+            [image],
+            size=size,
+            model=model,
+            model_name=model_name,
+            progress=progress,
+            given=given_all,
+            **options,
         )[0]
 
     def run_batch(
@@ -240,12 +249,15 @@ class Runtime:
         model: str | None = None,
         model_name: str | None = None,
         progress: Progress | None = None,
+        given: Sequence[Mapping[str, Any] | None] | None = None,
         **options: Any,
     ) -> list[TaskResult]:
         """Run `task` on several photos, batching them through the model.
 
         `model` (a repo id, checkpoint folder or file) replaces the registry's checkpoint for `size`;
         `model_name` is what the results and their files call it (default: `model` itself).
+        `given`: values each photo starts with (pose: `given_boxes`, Detections in photo pixels that replace
+        the detector's), e.g. from a `FrameFollower` of a video.
         """
         entry = get_task(task)
         loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
@@ -257,7 +269,7 @@ class Runtime:
             progress,
             name=model_name if model else None,
         )
-        results = entry.run(context, loaded)
+        results = entry.run(context, loaded, given)
         for operation in sorted(self.cpu_fallbacks):
             context.note(cpu_fallback_note(operation))
         for image, result in zip(loaded, results, strict=True):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import gradio as gr
 
 from sapiens2.pipelines.options import Option
-from sapiens2.tasks import TASKS
+from sapiens2.tasks import TASKS, video_options
 
 FIRST_TASK = next(iter(TASKS))
 FEW_CHOICES = 8  # a "choices" option with more names is a dropdown of them, not a row of checkboxes
@@ -21,6 +21,16 @@ def size_choice(sizes: Sequence[str], default: str, info: str | None = None) -> 
     """A model-size list: `default` chosen when it is listed, else the first size."""
     value = default if default in sizes else sizes[0]
     return gr.Dropdown(list(sizes), value=value, label="Model size", info=info)
+
+
+def video_controls(device) -> list[gr.components.Component]:
+    """The controls of every task's video options (settled for `device`), under the tasks they are for."""
+    offered = video_options()
+    if not offered:
+        return []
+    owners = sorted({TASKS[name].title for _, tasks in offered.values() for name in tasks})
+    with gr.Accordion(f"Video options ({', '.join(owners)})", open=False):
+        return [control(option.on_device(device)) for option, _ in offered.values()]
 
 
 def photo_input(elem_id: str) -> gr.Image:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from sapiens2.serving.requests import (
     user_errors,
 )
 from sapiens2.serving.scratch import ScratchSpace
-from sapiens2.tasks import TASKS, Task, get_task
+from sapiens2.tasks import TASKS, Task, get_task, video_options
 from sapiens2.vision.images import load_image
 from sapiens2.vision.limits import Limits
 
@@ -85,15 +85,7 @@ def task_handler(
             outputs.append(None if view is None else str(view))
         return outputs
 
-    parameter = inspect.Parameter
-    handler.__signature__ = inspect.Signature(
-        [
-            parameter("image", parameter.POSITIONAL_OR_KEYWORD),
-            parameter("size", parameter.POSITIONAL_OR_KEYWORD, default=task.default_size),
-            *(parameter(o.name, parameter.POSITIONAL_OR_KEYWORD, default=o.default) for o in task_options),
-            parameter("progress", parameter.POSITIONAL_OR_KEYWORD, default=PROGRESS),
-        ]
-    )
+    handler.__signature__ = _endpoint_signature("image", {"size": task.default_size}, task_options)
     handler.__name__ = task.name
     return handler
 
@@ -123,26 +115,32 @@ def overview_handler(
 
 
 def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Callable:
-    """The endpoint /video: (video, task, size) -> (the processed clip, summary, files); a task without the
-    size runs its default one, and the summary names the model that ran."""
+    """The endpoint /video: (video, task, size, *video options) -> (the processed clip, summary, files); a
+    task without the size runs its default one, and the summary names the model that ran.
 
-    def run_video(
-        video: Any,
-        task: str = FIRST_TASK,
-        size: str = TASKS[FIRST_TASK].default_size,
-        progress: gr.Progress = PROGRESS,
-    ):
+    The video options (pose: track, smoothing, min_cutoff, beta, detect_every) are named parameters with
+    their defaults for the runtime's device; a task takes those of its own and leaves the others.
+    """
+    offered = [option.on_device(runtime.device) for option, _ in video_options().values()]
+    names = [option.name for option in offered]
+
+    def run_video(video: Any, task: str, size: str, *values: Any):
+        *values, progress = values
         path, _ = upload(video)
         if not path:
             raise gr.Error("Please upload a video clip first.", print_exception=False)
         with user_errors():
+            entry = get_task(task)
+            own = {option.name for option in entry.video_options}
+            options = {name: value for name, value in zip(names, values, strict=True) if name in own}
             limits = Limits.from_env()
             folder = scratch.new_folder()
             job = VideoJob(
-                get_task(task).name,
+                entry.name,
                 path,
                 folder,
-                size=get_task(task).size_or_default(size),
+                size=entry.size_or_default(size),
+                options=options,
                 # Frames are counted, not seconds (a container may claim any frame rate), and their size is
                 # limited; a few frames per model call bound what is held at once.
                 max_seconds=None,
@@ -163,7 +161,24 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
         return str(result.video_path), summary_text, [str(p) for p in result.files]
 
+    run_video.__signature__ = _endpoint_signature(
+        "video", {"task": FIRST_TASK, "size": TASKS[FIRST_TASK].default_size}, offered
+    )
     return run_video
+
+
+def _endpoint_signature(first: str, settings: dict[str, Any], options: Sequence[Option]) -> inspect.Signature:
+    """An endpoint's parameters as API clients see them: the required input, then `settings` and every
+    option by name with its default, then the page's progress tracker."""
+    parameter, kind = inspect.Parameter, inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature(
+        [
+            parameter(first, kind),
+            *(parameter(name, kind, default=value) for name, value in settings.items()),
+            *(parameter(option.name, kind, default=option.default) for option in options),
+            parameter("progress", kind, default=PROGRESS),
+        ]
+    )
 
 
 def live_handler(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> Callable:

@@ -14,20 +14,23 @@ from sapiens2.models.kinds import MATTING, NORMAL, POINTMAP, POSE, PRETRAIN, SEG
 from sapiens2.pipelines.options import Option, shown
 
 if TYPE_CHECKING:
-    from sapiens2.outputs.results import FrameLog, TaskResult
+    from sapiens2.outputs.results import FrameFollower, FrameLog, TaskResult
     from sapiens2.pipelines.context import PipelineContext
-    from sapiens2.pipelines.steps import Pipeline
+    from sapiens2.pipelines.steps import Given, Pipeline
     from sapiens2.vision.images import LoadedImage
 
 
 @dataclass(frozen=True)
 class Picture:
     """A picture a task draws: its title, the file it is saved as (the photo's stem, `suffix`, ".png"), and
-    the export that already holds what it shows, if one does (then only that export is written)."""
+    the export that already holds what it shows, if one does (then only that export is written); the
+    video's first picture is the task's first picture."""
 
     title: str
     suffix: str
     same_as: str | None = None
+    # For videos: also written as a video of its own, `{stem}{suffix}.webm` (pose: the ControlNet drawing).
+    in_videos: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class Task:
     helper_option: str | None = None
     # For videos: a record of every frame written beside the video (pose: the official demo's JSON).
     frame_log: type[FrameLog] | None = None
+    # For videos: options that only frames in order use, and what follows the frames (pose: tracking).
+    video_options: tuple[Option, ...] = ()
+    frame_follower: type[FrameFollower] | None = None
     # The title of a 3-D view of each result (TaskResult.viewer writes its file), if the task has one.
     viewer_title: str | None = None
     # For tables of results (one row per photo): the prediction as named numbers and arrays.
@@ -106,16 +112,29 @@ class Task:
     def coerce_options(self, values: Mapping[str, Any], device: torch.device | str = "cpu") -> dict[str, Any]:
         """Every option of the task, from `values` where given, else its default for models running on
         `device` (the CPU unless given); unknown names refused."""
-        known = {option.name: option for option in self.options_on(device)}
-        unknown = sorted(map(str, set(values) - set(known)))
-        if unknown:
-            names = ", ".join(shown(name) for name in unknown)
-            raise RequestError(f"{self.title} has no option {names}; it takes {', '.join(known)}.")
-        return {name: option.coerce(values.get(name)) for name, option in known.items()}
+        return _coerced(self.title, self.options_on(device), values)
 
-    def run(self, context: PipelineContext, images: Sequence[LoadedImage]) -> list[TaskResult]:
-        """One result per photo, in order."""
-        return self.pipeline.run(context, images)
+    def coerce_video_options(
+        self, values: Mapping[str, Any], device: torch.device | str = "cpu"
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The task's options and its video options, each from `values` (which may hold both) where given,
+        else their defaults; unknown names refused."""
+        videos = tuple(option.on_device(device) for option in self.video_options)
+        every = _coerced(self.title, (*self.options_on(device), *videos), values)
+        video_names = {option.name for option in videos}
+        plain = {name: value for name, value in every.items() if name not in video_names}
+        return plain, {name: value for name, value in every.items() if name in video_names}
+
+    @property
+    def all_options(self) -> tuple[Option, ...]:
+        """The task's options, then its video options."""
+        return (*self.options, *self.video_options)
+
+    def run(
+        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
+    ) -> list[TaskResult]:
+        """One result per photo, in order; `given`: values each photo starts with (see Pipeline.run)."""
+        return self.pipeline.run(context, images, given)
 
     def helper_repo_id(self, repo_id: str) -> str | None:
         """The helper model paired with `repo_id` (same size, else the helper's smallest, as for a checkpoint
@@ -137,6 +156,16 @@ class Task:
         if official is None:
             return "an unknown amount"
         return f"{parameter_count(*official) * 4 / 1e9:.1f} GB"
+
+
+def _coerced(title: str, options: Sequence[Option], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every one of `options`, from `values` where given, else its default; names not among them refused."""
+    known = {option.name: option for option in options}
+    unknown = sorted(map(str, set(values) - set(known)))
+    if unknown:
+        names = ", ".join(shown(name) for name in unknown)
+        raise RequestError(f"{title} has no option {names}; it takes {', '.join(known)}.")
+    return {name: option.coerce(values.get(name)) for name, option in known.items()}
 
 
 @functools.cache
@@ -174,7 +203,7 @@ def smallest_first(sizes: Iterable[str]) -> list[str]:
 
 
 def _build_registry() -> dict[str, Task]:
-    from sapiens2.pipelines import depth, features, matting, normals, pose, segment
+    from sapiens2.pipelines import depth, features, matting, normals, pose, pose_tracking, segment
 
     background = Option("remove_background", "Remove background (body-part model)", "checkbox", True)
     tasks = [
@@ -187,11 +216,13 @@ def _build_registry() -> dict[str, Task]:
             pose.OPTIONS,
             (
                 Picture("Keypoints", "_pose"),
-                Picture("ControlNet pose", "_controlnet", same_as="_controlnet.png"),
+                Picture("ControlNet pose", "_controlnet", same_as="_controlnet.png", in_videos=True),
             ),
             ("_pose.json", "_coco17.json", "_wholebody.json", "_openpose.json", "_controlnet.png"),
             pose.PIPELINE,
             frame_log=pose.FramePoses,
+            video_options=pose_tracking.VIDEO_OPTIONS,
+            frame_follower=pose_tracking.PoseTracker,
             columns=pose.columns,
             chosen_exports=pose.chosen_exports,
         ),
@@ -278,12 +309,19 @@ ALL_TASKS: tuple[str, ...] = tuple(name for name, task in TASKS.items() if task.
 
 
 def options_by_name() -> dict[str, tuple[Option, list[str]]]:
-    """Every task option by name, with the tasks that take it (an option shared by tasks appears once)."""
+    """Every task option (video options included) by name, with the tasks that take it (an option shared by
+    tasks appears once)."""
     options: dict[str, tuple[Option, list[str]]] = {}
     for task in TASKS.values():
-        for option in task.options:
+        for option in task.all_options:
             options.setdefault(option.name, (option, []))[1].append(task.name)
     return options
+
+
+def video_options() -> dict[str, tuple[Option, list[str]]]:
+    """Every task's video options by name, with the tasks that take them."""
+    names = {option.name for task in TASKS.values() for option in task.video_options}
+    return {name: entry for name, entry in options_by_name().items() if name in names}
 
 
 def get_task(name: str) -> Task:
