@@ -330,11 +330,11 @@ def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> None:
         camera = gr.Image(sources=["webcam"], streaming=True, label="Webcam")
         shown = gr.Image(label="Result", format="jpeg", interactive=False)
     rate = gr.Markdown(elem_id="live-rate")
-    recent = gr.State([])
+    stream_state = gr.State(None)  # handlers.LiveStream, made at the stream's first frame
     camera.stream(
         handlers.live_handler(runtime, slot, streams),
-        inputs=[camera, choice, recent],
-        outputs=[shown, rate, recent],
+        inputs=[camera, choice, stream_state],
+        outputs=[shown, rate, stream_state],
         stream_every=0.1,
         time_limit=600,
         concurrency_id=LIVE_EVENTS,

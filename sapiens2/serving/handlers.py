@@ -10,6 +10,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import gradio as gr
 from sapiens2.batch.video import VideoJob, process_video
 from sapiens2.outputs.exports import write_picture
 from sapiens2.outputs.pictures import fit_for_display
-from sapiens2.outputs.results import TaskResult
+from sapiens2.outputs.results import FrameFollower, TaskResult
 from sapiens2.pipelines.options import Option
 from sapiens2.runtime import Runtime
 from sapiens2.serving.components import FIRST_TASK
@@ -45,6 +46,8 @@ log = logging.getLogger("sapiens2.app")
 VIDEO_BATCH = 4  # frames per model call for /video: bounds the frames and results held at once
 SHOWN_MAX_SIDE = 4096  # pictures on the page at most this long (a 48 MP PNG takes seconds to encode)
 LIVE_WINDOW = 10  # frames the live frame rate is measured over
+LIVE_FRAME_SECONDS = 0.1  # the page's time between webcam frames (app.py: stream_every)
+LIVE_DETECT_EVERY = 5  # live frames per detector run, when the task follows its persons
 # Marks the parameter Gradio fills with each request's own progress tracker.
 PROGRESS = gr.Progress()
 
@@ -181,26 +184,55 @@ def _endpoint_signature(first: str, settings: dict[str, Any], options: Sequence[
     )
 
 
-def live_handler(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> Callable:
-    """The live webcam's frame event: (Gradio's raw frame payload, task, recent frame times) -> (picture,
-    rate line, times)."""
+@dataclass
+class LiveStream:
+    """What one webcam stream keeps between its frames: when recent frames were shown (for the frame rate)
+    and, for a task that follows persons from frame to frame (pose), its follower: ids, smoothing and the
+    boxes that save the detector on most frames."""
 
-    def on_frame(payload: Any, task: str, times: list[float]) -> tuple[Any, str, list[float]]:
+    times: list[float] = field(default_factory=list)
+    task: str | None = None
+    follower: FrameFollower | None = None
+
+
+def live_handler(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> Callable:
+    """The live webcam's frame event: (Gradio's raw frame payload, task, the stream's LiveStream) ->
+    (picture, rate line, LiveStream)."""
+
+    def on_frame(payload: Any, task: str, state: Any) -> tuple[Any, str, LiveStream]:
+        state = state if isinstance(state, LiveStream) else LiveStream()
         with streams.frame(), user_errors():
             frame = frame_image(payload)  # decoded here, off the device, from bytes checked first
             if frame is None:
-                return gr.skip(), gr.skip(), times
+                return gr.skip(), gr.skip(), state
+            entry = get_task(task)
+            if state.task != entry.name:  # a new stream, or another task chosen: its persons start afresh
+                state = LiveStream(task=entry.name, follower=_live_follower(runtime, entry))
             with slot.frame() as granted:
                 if not granted:  # the device is busy: this frame is dropped, the next one may run
-                    return gr.skip(), gr.skip(), times
-                entry = get_task(task)
-                result = runtime.run(entry.name, frame, size=next(iter(entry.repos)))
-        times = (times + [time.perf_counter()])[-LIVE_WINDOW:]
+                    return gr.skip(), gr.skip(), state
+                given = state.follower.given() if state.follower is not None else None
+                result = runtime.run(entry.name, frame, size=next(iter(entry.repos)), given=given)
+            now = time.perf_counter()
+            if state.follower is not None:  # frames are dropped while the device is busy: the real gap
+                gap = now - state.times[-1] if state.times else LIVE_FRAME_SECONDS
+                result = state.follower.follow(frame.rgb, result, gap)
+        state.times = (state.times + [now])[-LIVE_WINDOW:]
+        times = state.times
         fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
         line = f"**{fps:.1f} frames per second** · {entry.title} · {result.timing_line()}"
-        return result.pictures[0][1], line, times
+        return result.pictures[0][1], line, state
 
     return on_frame
+
+
+def _live_follower(runtime: Runtime, entry: Task) -> FrameFollower | None:
+    """The task's follower for a stream: one frame at a time, so the detector runs every LIVE_DETECT_EVERY
+    frames whatever the device (between them the boxes come from the frame before's keypoints)."""
+    if entry.frame_follower is None:
+        return None
+    options, video_options = entry.coerce_video_options({"detect_every": LIVE_DETECT_EVERY}, runtime.device)
+    return entry.frame_follower({**options, **video_options}, runtime.device_boundary is not None)
 
 
 def picture_files(folder: Path, stem: str, task: Task, result: TaskResult) -> list[str]:
