@@ -443,7 +443,7 @@ def test_pickled_weights_are_refused_unread(tiny_mirror, tmp_path, name):
 def test_no_endpoint_takes_a_model_and_an_uploaded_checkpoint_is_not_an_image(server, client, tmp_path):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     parameters = {p["parameter_name"] for info in endpoints.values() for p in info["parameters"]}
-    options = {option.name for task in TASKS.values() for option in task.options}
+    options = {option.name for task in TASKS.values() for option in task.all_options}  # video ones too
     expected = {"image", "video", "task", "size", *options}
     assert parameters == expected, "a request must never choose which model or detector file is loaded"
     marker = tmp_path / "unpickled"

@@ -9,7 +9,9 @@ pickled through its queues. What stands in for the parts that need ZeroGPU's har
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,7 +59,11 @@ class Space:
         )
         command = [sys.executable, str(LAUNCHER), "--detector", detector, "--port", str(self.port)]
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
+            # A session of its own: closing it stops the whole group, the forked GPU workers and the image
+            # decoders' forkserver included (a forked worker left running keeps the forkserver alive too).
+            self.process = subprocess.Popen(
+                command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.client = self._connect()
 
     def _connect(self, timeout: float = 300.0) -> Client:
@@ -85,11 +91,15 @@ class Space:
         return [child for child in children if child.is_running() and not decoder_helper(child)]
 
     def close(self) -> None:
-        self.process.terminate()
+        group = os.getpgid(self.process.pid)
+        os.killpg(group, signal.SIGTERM)
         try:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)  # whatever of the group is left: forked workers, decoders
+        self.process.wait(30)
         self.http.shutdown()
 
 
