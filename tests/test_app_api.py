@@ -375,3 +375,22 @@ def test_video_endpoint_takes_the_pose_video_options_by_name(client, tmp_path):
     assert "detector" not in summary
     with pytest.raises(AppError, match="Option 'detect_every' must be a number between 1 and 30, not 99"):
         client.predict(handle_file(str(clip)), task="pose", detect_every=99, api_name="/video")
+
+
+def test_the_video_endpoint_writes_the_chosen_keypoint_files_of_every_frame(client, tmp_path):
+    import zipfile
+
+    from test_video import write_clip
+
+    clip = tmp_path / "walk.mp4"
+    write_clip(clip, count=3)
+    _, _, files = client.predict(
+        handle_file(str(clip)), task="pose", keypoint_format=["coco17", "openpose"], api_name="/video"
+    )
+    names = {Path(path).name: Path(path) for path in files}
+    assert {"walk_predictions.json", "walk_coco17.json", "walk_openpose.zip"} <= set(names)
+    coco = json.loads(names["walk_coco17.json"].read_text())
+    assert sorted({entry["image_id"] for entry in coco}) == [0, 1, 2]
+    with zipfile.ZipFile(names["walk_openpose.zip"]) as archive:
+        frames = sorted(archive.namelist())
+    assert frames == [f"walk_{index:012d}_keypoints.json" for index in range(3)]

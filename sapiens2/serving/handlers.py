@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -162,12 +163,17 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
             f"with {get_task(task).repo_id(job.size)}."
         )
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
-        return str(result.video_path), summary_text, [str(p) for p in result.files]
+        return str(result.video_path), summary_text, [str(p) for p in downloadable(result.files)]
 
     run_video.__signature__ = _endpoint_signature(
         "video", {"task": FIRST_TASK, "size": TASKS[FIRST_TASK].default_size}, offered
     )
     return run_video
+
+
+def downloadable(paths: Sequence[Path]) -> list[Path]:
+    """The files to offer for download: a folder (OpenPose's one file per frame) as one zip beside it."""
+    return [Path(shutil.make_archive(str(path), "zip", path)) if path.is_dir() else path for path in paths]
 
 
 def _endpoint_signature(first: str, settings: dict[str, Any], options: Sequence[Option]) -> inspect.Signature:

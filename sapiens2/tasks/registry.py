@@ -121,14 +121,16 @@ class Task:
         else their defaults; unknown names refused."""
         videos = tuple(option.on_device(device) for option in self.video_options)
         every = _coerced(self.title, (*self.options_on(device), *videos), values)
-        video_names = {option.name for option in videos}
-        plain = {name: value for name, value in every.items() if name not in video_names}
-        return plain, {name: value for name, value in every.items() if name in video_names}
+        # A task option offered for videos too (pose's keypoint files) stays a task option.
+        plain_names = {option.name for option in self.options}
+        plain = {name: value for name, value in every.items() if name in plain_names}
+        return plain, {name: value for name, value in every.items() if name not in plain_names}
 
     @property
     def all_options(self) -> tuple[Option, ...]:
         """The task's options, then its video options."""
-        return (*self.options, *self.video_options)
+        names = {option.name for option in self.options}
+        return (*self.options, *(option for option in self.video_options if option.name not in names))
 
     def run(
         self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
@@ -221,7 +223,8 @@ def _build_registry() -> dict[str, Task]:
             ("_pose.json", "_coco17.json", "_wholebody.json", "_openpose.json", "_controlnet.png"),
             pose.PIPELINE,
             frame_log=pose.FramePoses,
-            video_options=pose_tracking.VIDEO_OPTIONS,
+            # The keypoint files are written for every frame of a video too.
+            video_options=(*pose_tracking.VIDEO_OPTIONS, _option(pose.OPTIONS, "keypoint_format")),
             frame_follower=pose_tracking.PoseTracker,
             columns=pose.columns,
             chosen_exports=pose.chosen_exports,
@@ -306,6 +309,10 @@ def _build_registry() -> dict[str, Task]:
 
 TASKS: dict[str, Task] = _build_registry()
 ALL_TASKS: tuple[str, ...] = tuple(name for name, task in TASKS.items() if task.in_overview)
+
+
+def _option(options: Sequence[Option], name: str) -> Option:
+    return next(option for option in options if option.name == name)
 
 
 def options_by_name() -> dict[str, tuple[Option, list[str]]]:
