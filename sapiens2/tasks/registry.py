@@ -204,6 +204,10 @@ def smallest_first(sizes: Iterable[str]) -> list[str]:
     return sorted(set(sizes), key=lambda size: (float(size.split("b")[0]), size))
 
 
+def _option(options: Sequence[Option], name: str) -> Option:
+    return next(option for option in options if option.name == name)
+
+
 def _build_registry() -> dict[str, Task]:
     from sapiens2.pipelines import depth, features, matting, normals, pose, pose_tracking, segment
 
@@ -309,10 +313,6 @@ def _build_registry() -> dict[str, Task]:
 
 TASKS: dict[str, Task] = _build_registry()
 ALL_TASKS: tuple[str, ...] = tuple(name for name, task in TASKS.items() if task.in_overview)
-
-
-def _option(options: Sequence[Option], name: str) -> Option:
-    return next(option for option in options if option.name == name)
 
 
 def options_by_name() -> dict[str, tuple[Option, list[str]]]:
