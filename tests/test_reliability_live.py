@@ -146,7 +146,14 @@ def test_a_webcam_frame_as_the_page_sends_it_runs(server):
 # ---- streams: a place only while frames come, never in the photo queue ------------------------------------
 
 
-def test_streams_that_stop_sending_give_their_place_back(server, client):
+@pytest.fixture
+def free_places(server) -> None:
+    """Every live place free: the streams of the tests before (a stream that ran and whose page left holds
+    its place until the watch sees it idle, a few seconds) are gone first, so a test counts its own."""
+    wait_for(lambda: live_places_taken(server) == 0, timeout=30)
+
+
+def test_streams_that_stop_sending_give_their_place_back(server, client, free_places):
     frame = frame_payload(GOOD_PHOTO.read_bytes())
     with environment(**{IDLE_ENV: "2"}):
         sessions = [uuid.uuid4().hex for _ in range(app.LIVE_STREAMS)]
@@ -166,7 +173,7 @@ def test_streams_that_stop_sending_give_their_place_back(server, client):
     still_serving(client)
 
 
-def test_a_slow_frame_is_not_silence(server):
+def test_a_slow_frame_is_not_silence(server, free_places):
     session = uuid.uuid4().hex
     with environment(**{IDLE_ENV: "1"}), slow_forward(server, 3.0) as forward:
         assert join(server, session, frame_payload(GOOD_PHOTO.read_bytes())).status_code == 200
@@ -176,7 +183,7 @@ def test_a_slow_frame_is_not_silence(server):
     wait_for(lambda: live_places_taken(server) == 0, timeout=30)
 
 
-def test_streams_never_fill_the_photo_queue(server, client):
+def test_streams_never_fill_the_photo_queue(server, client, free_places):
     frame = frame_payload(GOOD_PHOTO.read_bytes())
     with environment(**{IDLE_ENV: "120"}):
         held = [join(server, uuid.uuid4().hex, frame) for _ in range(app.LIVE_STREAMS)]
