@@ -28,7 +28,7 @@ DEFAULT_MEGAPIXELS = 24.0
 DEFAULT_ASPECT = 10.0
 DEFAULT_FRAME_MEGAPIXELS = 8.3  # 3840x2160 (4K UHD) is 8.29 megapixels
 DEFAULT_VIDEO_FRAMES = 300  # 10 s at 30 frames per second
-DEFAULT_OUTPUT_MB = 1024.0
+DEFAULT_OUTPUT_MB = 1536.0  # a 24 MP photo through All tasks writes about 1.1 GB
 # A progressive JPEG from a camera or an editor has about 10 scans, and each scan costs a pass over the whole
 # image: 23,000 scans of a 24 MP photo took 55 s to decode.
 DEFAULT_JPEG_SCANS = 100
