@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import gradio as gr
 import gradio_client
+import pytest
 
 import app
 from sapiens2.runtime.cache import ModelCache
@@ -101,6 +103,22 @@ def environment(**values: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextmanager
+def small_disk(folder: Path, size_kb: int) -> Iterator[Path]:
+    """`folder` as a tmpfs of `size_kb` KiB, really full once something writes past it, for the block
+    (mounting needs root: the test is skipped without)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(folder)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip("a small file system cannot be mounted here (needs root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
 
 
 @contextmanager

@@ -5,13 +5,12 @@ written in part. The disk is a real small tmpfs (mounting needs root: skipped wi
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
-from app_server import PHOTOS, environment, running_app, tiny_detector
+from app_server import PHOTOS, environment, running_app, small_disk, tiny_detector
 from gradio_client import handle_file
 from test_reliability_attacks import refused, still_serving
 
@@ -25,17 +24,8 @@ DISK_FULL = "The server's disk is full, so the results could not be written. Ple
 def small_cache(tmp_path_factory) -> Iterator[Path]:
     """An 8 MB tmpfs: room for photos and a small answer, not for the depth task's files (a depth map, a
     point cloud, meshes and 16-bit maps take over 8 MB for the test photo)."""
-    folder = tmp_path_factory.mktemp("small_cache")
-    size = 8 * MB // 1024
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}k", "tmpfs", str(folder)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip("a small file system cannot be mounted here (needs root)")
-    try:
+    with small_disk(tmp_path_factory.mktemp("small_cache"), 8 * MB // 1024) as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=False)
 
 
 @pytest.fixture(scope="module")

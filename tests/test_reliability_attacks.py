@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-from app_server import PHOTOS, Client, environment, free_port, running_app, tiny_detector
+from app_server import PHOTOS, Client, environment, free_port, running_app, small_disk, tiny_detector
 from bad_inputs import png_bytes
 from bad_videos import make_bad_videos, write_video
 from gradio_client import handle_file
@@ -631,17 +631,8 @@ def test_ctrl_c_stops_the_server_cleanly(small_mirror, tmp_path):
 @pytest.fixture
 def full_disk(tmp_path) -> Iterator[Path]:
     """A 256 KiB tmpfs, really full once something writes past it (mounting needs root: skipped without)."""
-    folder = tmp_path / "small_disk"
-    folder.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip("a small file system cannot be mounted here (needs root)")
-    try:
+    with small_disk(tmp_path / "small_disk", 256) as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=False)
 
 
 def test_a_full_disk_gets_a_sentence_and_leaves_nothing_partial(server, client, full_disk):

@@ -302,8 +302,8 @@ class Runtime:
 
     def missing_sizes_note(self, task: str) -> str | None:
         """What to fetch for the sizes `offered_sizes` leaves out, or None when it offers all of them."""
-        entry = get_task(task)
-        missing = [size for size in entry.repos if size not in self.offered_sizes(task)]
+        entry, offered = get_task(task), self.offered_sizes(task)
+        missing = [size for size in entry.repos if size not in offered]
         if not missing:
             return None
         fetch = ", ".join(entry.repo_id(size) for size in missing)

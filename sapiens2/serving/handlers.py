@@ -160,7 +160,7 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
             check_output(scratch, folder)
         line = (
             f"{result.frames} frames at {result.frames_per_second:.1f} frames per second, "
-            f"with {get_task(task).repo_id(job.size)}."
+            f"with {entry.repo_id(job.size)}."
         )
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
         return str(result.video_path), summary_text, [str(p) for p in downloadable(result.files)]

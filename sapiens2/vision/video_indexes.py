@@ -33,19 +33,19 @@ class _Found(Exception):
 
 def matroska_index_problem(file: IO[bytes], limit: int) -> str | None:
     """What is wrong with a Matroska/WebM file's indexes and blocks (the end of a sentence), or None."""
-    with _mapped(file) as data:
-        try:
-            _MatroskaWalk(data, limit).run()
-        except _Found as found:
-            return str(found)
-    return None
+    return _walk_problem(file, _MatroskaWalk, limit)
 
 
 def avi_index_problem(file: IO[bytes], limit: int) -> str | None:
     """What is wrong with an AVI file's index chunks and sample count (the end of a sentence), or None."""
+    return _walk_problem(file, _AviWalk, limit)
+
+
+def _walk_problem(file: IO[bytes], walk: type, limit: int) -> str | None:
+    """What the walk of the file's mapped bytes found wrong, or None."""
     with _mapped(file) as data:
         try:
-            _AviWalk(data, limit).run()
+            walk(data, limit).run()
         except _Found as found:
             return str(found)
     return None
