@@ -23,6 +23,7 @@ from starlette.middleware import Middleware
 from sapiens2.runtime import Runtime
 from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_arguments
 from sapiens2.runtime.messages import describe_error
+from sapiens2.runtime.warm_heap import keep_freed_memory
 from sapiens2.serving import components, handlers, zerogpu
 from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.components import FIRST_TASK
@@ -371,6 +372,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    keep_freed_memory()
     try:
         runtime = runtime_from_arguments(args)
         local = local_choices(args.checkpoint_dir, args.model)

@@ -35,6 +35,7 @@ from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import ModelKind
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.context import PipelineContext
+from sapiens2.runtime.warm_heap import keep_freed_memory
 from sapiens2.tasks.registry import TASKS
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.images import LoadedImage, load_image
@@ -99,6 +100,9 @@ class RandomOutputs:
     def detect(self, image: LoadedImage) -> Detections:
         return self.detections
 
+    def run_on_device(self, context: PipelineContext, photos: list, first_step: int) -> None:
+        context.task.pipeline.run_steps(context, photos, first_step)
+
 
 def ours(host: RandomOutputs, photo: LoadedImage, task: str, background: bool) -> Callable[[], TaskResult]:
     entry = TASKS[task]
@@ -146,7 +150,12 @@ def main() -> None:
     parser.add_argument(
         "--with-background", action="store_true", help="normals and depth masked by body parts"
     )
+    parser.add_argument(
+        "--fresh-heap", action="store_true", help="glibc's default heap (the app keeps freed memory warm)"
+    )
     args = parser.parse_args()
+    if not args.fresh_heap:
+        keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
     pixels = np.random.default_rng(0).integers(0, 256, size=(args.height, args.width, 3), dtype=np.uint8)

@@ -25,6 +25,7 @@ from sapiens2.errors import ConfigError
 from sapiens2.pipelines.options import Option
 from sapiens2.runtime import DEFAULT_BATCH_SIZE
 from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_arguments
+from sapiens2.runtime.warm_heap import keep_freed_memory
 from sapiens2.tasks import ALL_TASKS, TASKS, Task, all_sizes, get_task, options_by_name
 from sapiens2.vision.images import ImageInputError, load_image
 
@@ -312,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
+    keep_freed_memory()
     request = request_from_arguments(args, _checked_arguments(parser, args))
     if request.cluster is not None:
         from sapiens2.batch import cluster  # Ray is imported only there, and only when installed

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from sapiens2.errors import CheckpointError
+from sapiens2.models.fresh_memory import populate
 from sapiens2.progress import Progress
 
 # Original checkpoints store the RoPE periods the model was trained with; transformers' files lack them, and
@@ -296,6 +297,8 @@ def _materialize(
     def read(name: str, first: int, stop: int) -> None:
         entry, itemsize = entries[name], entries[name].dtype.itemsize
         target = memory[name].view(-1)[first // itemsize : stop // itemsize]
+        if on_cpu:
+            populate(target)
         if on_cpu and entry.dtype == target.dtype:  # straight into the tensor's own memory
             entry.file.read_into(memoryview(target.view(torch.uint8).numpy()), entry.start + first)
             return
