@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from sapiens2.outputs import exports as export
-from sapiens2.outputs.mesh import MAX_RELATIVE_JUMP, VIEWER_FACES, step_for_bytes
-from sapiens2.vision.intrinsics import fit_intrinsics
+from sapiens2.outputs.mesh import MAX_RELATIVE_JUMP, VIEWER_FACES, meshable, step_for_bytes
+from sapiens2.vision.intrinsics import fit_intrinsics, points_in_front
 
 trimesh = pytest.importorskip("trimesh", reason="trimesh reads the GLB back (requirements-dev.txt)")
 
@@ -132,8 +132,8 @@ def test_the_full_mesh_is_decimated_only_above_its_share_of_the_output_budget():
     points, label = pinhole_scene()
     foreground = label != WALL
     count = int(foreground.sum())
-    assert step_for_bytes(points, foreground, 44 * count) == 1
-    step = step_for_bytes(points, foreground, 44 * count / 3)
+    assert step_for_bytes(meshable(points, foreground), 44 * count) == 1
+    step = step_for_bytes(meshable(points, foreground), 44 * count / 3)
     assert step == 2 and 44 * foreground[::2, ::2].sum() <= 44 * count / 3
 
 
@@ -197,3 +197,52 @@ def test_the_depth_document_holds_the_camera_and_the_png_scale():
     assert json.loads(text)["camera"]["fx"] == pytest.approx(FX, rel=1e-4)
     assert document["image"] == {"width": WIDTH, "height": HEIGHT}
     assert document["depth_png"]["metres_per_unit"] == 0.001 and document["mesh"]["grid_step"] == 1
+
+
+def _points_with_holes(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A noisy pointmap (60, 80, 3) with NaN, infinite and behind-the-camera points here and there."""
+    rng = np.random.default_rng(seed)
+    points = rng.normal(0, 1, (60, 80, 3)).astype(np.float32)
+    points[..., 2] = np.abs(points[..., 2]) + 0.5
+    for value, channel in ((np.nan, 0), (np.inf, 1), (-np.inf, 2), (-1.0, 2), (np.nan, 2)):
+        rows, columns = rng.integers(0, 60, 40), rng.integers(0, 80, 40)
+        points[rows, columns, channel] = value
+    return points, rng.random((60, 80)) > 0.3
+
+
+def test_usable_points_are_the_finite_foreground_in_front_of_the_camera():
+    points, foreground = _points_with_holes()
+    expected = foreground & np.isfinite(points).all(axis=2) & (points[..., 2] > 0)
+    assert np.array_equal(points_in_front(np.moveaxis(points, -1, 0), foreground), expected)
+    assert np.array_equal(
+        points_in_front(np.ascontiguousarray(np.moveaxis(points, -1, 0)), foreground), expected
+    )
+    assert np.array_equal(meshable(points, foreground), expected)
+
+
+def test_the_camera_fit_skips_foreground_points_without_a_usable_position():
+    points, label = pinhole_scene(height=300, width=400, fx=520.0, fy=505.0, cx=203.5, cy=148.25)
+    foreground = label != WALL
+    points[::7, ::5] = np.nan
+    points[::11, ::3, 2] = -2.0
+    camera = fit_intrinsics(points, foreground)
+    assert (camera.fx, camera.fy, camera.cx, camera.cy) == pytest.approx(
+        (520.0, 505.0, 203.5, 148.25), rel=1e-4
+    )
+    assert camera.points == meshable(points, foreground).sum()
+
+
+@pytest.mark.parametrize(
+    "values, farthest",
+    [
+        ([1.0, 2.5, np.nan, -3.0], 2.5),
+        ([1.0, np.inf, 4.0, np.nan], 4.0),  # infinity is no depth: the farthest finite one counts
+        ([np.nan, np.nan], None),
+        ([-1.0, 0.0, -np.inf], None),
+        ([np.inf], None),
+    ],
+)
+def test_the_depth_png_scale_maps_the_farthest_finite_depth_to_the_top_level(values, farthest):
+    depth = np.array(values, dtype=np.float32).reshape(1, -1)
+    scale = export.depth_png_scale(depth)
+    assert scale == (1.0 if farthest is None else pytest.approx(farthest / export.DEPTH_LEVELS))

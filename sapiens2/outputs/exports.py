@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import secrets
 import struct
@@ -306,8 +307,11 @@ DEPTH_LEVELS = 65535  # 16-bit levels; 0 is kept for pixels without a depth
 def depth_png_scale(depth: np.ndarray) -> float:
     """Metres per unit of the 16-bit depth PNG: the farthest finite depth maps to DEPTH_LEVELS (1.0 when
     there is none)."""
-    usable = depth[np.isfinite(depth) & (depth > 0)]
-    return float(usable.max()) / DEPTH_LEVELS if usable.size else 1.0
+    farthest = float(np.fmax.reduce(depth, axis=None)) if depth.size else math.nan  # NaN only if all are
+    if math.isinf(farthest):  # the largest finite depth is then among the others
+        usable = depth[np.isfinite(depth) & (depth > 0)]
+        farthest = float(usable.max()) if usable.size else math.nan
+    return farthest / DEPTH_LEVELS if farthest > 0 else 1.0
 
 
 def write_depth_png(directory: str | os.PathLike, stem: str, depth: np.ndarray, scale: float) -> list[Path]:

@@ -15,6 +15,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from sapiens2.vision.intrinsics import points_in_front
+
 # A quad is meshed only when its farthest corner is at most this much deeper than its nearest, relative to
 # the nearest: the silhouette's jump from a person to the wall behind is far above it, a body's own
 # slopes far below it (a surface at 85 degrees to the camera, 3,000 px focal length, grid step 11: 4%).
@@ -44,7 +46,7 @@ class Mesh:
 
 def meshable(points: np.ndarray, foreground: np.ndarray) -> np.ndarray:
     """(H, W) bool: pixels that may be a face's corner (foreground, finite, in front of the camera)."""
-    return foreground & np.isfinite(points).all(axis=2) & (points[..., 2] > 0)
+    return points_in_front(np.moveaxis(points, -1, 0), foreground)
 
 
 def quads(points: np.ndarray, foreground: np.ndarray) -> np.ndarray:
@@ -91,9 +93,9 @@ def step_for_faces(points: np.ndarray, foreground: np.ndarray, max_faces: int) -
     return step
 
 
-def step_for_bytes(points: np.ndarray, foreground: np.ndarray, max_bytes: float) -> int:
-    """The smallest grid step whose GLB takes at most `max_bytes` by the GLB_BYTES_PER_PIXEL bound."""
-    usable = meshable(points, foreground)
+def step_for_bytes(usable: np.ndarray, max_bytes: float) -> int:
+    """The smallest grid step whose GLB takes at most `max_bytes` by the GLB_BYTES_PER_PIXEL bound, for the
+    meshable pixels `usable` (H, W) (`meshable`)."""
     step = 1
     while GLB_BYTES_PER_PIXEL * int(usable[::step, ::step].sum()) > max_bytes:
         step += 1

@@ -26,7 +26,7 @@ from sapiens2.pipelines.options import Option
 from sapiens2.pipelines.segment import background_masks, helper_resize_step
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import pointmap_to_image, to_hwc
-from sapiens2.vision.intrinsics import Intrinsics, fit_intrinsics
+from sapiens2.vision.intrinsics import Intrinsics, fit_intrinsics, points_in_front
 from sapiens2.vision.limits import Limits
 
 OPTIONS = (
@@ -87,14 +87,17 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         image.original_size,
         smooth=context.options["smooth"],
     )
-    points = np.ascontiguousarray(to_hwc(pointmap[0]))
+    planes = pointmap[0].detach().cpu()  # x, y and z, each contiguous: the checks below read them fastest
+    points = np.ascontiguousarray(to_hwc(planes))
+    planes = planes.numpy()
     mask = photo.values["mask"]
     foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
     with photo.timings.measure("pictures"):
         picture = depth_picture(points[..., 2], foreground)
-    camera = fit_intrinsics(points, foreground)
+    usable = points_in_front(planes, foreground)  # checked once for the camera and the mesh
+    camera = fit_intrinsics(points, usable)
     mesh_budget = MESH_SHARE * Limits.from_env().output_mb * 1e6
-    step = step_for_bytes(points, foreground, mesh_budget)
+    step = step_for_bytes(usable, mesh_budget)
     notes = []
     if step > 1:
         notes.append(
@@ -106,7 +109,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         image_size=image.original_size,
         foreground_points=int(foreground.sum()),
         camera=camera,
-        depth_scale=depth_png_scale(points[..., 2]),
+        depth_scale=depth_png_scale(planes[2]),
         mesh_step=step,
     )
     return TaskResult(

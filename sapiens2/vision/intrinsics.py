@@ -33,6 +33,19 @@ class Intrinsics:
         }
 
 
+def points_in_front(planes: np.ndarray, foreground: np.ndarray) -> np.ndarray:
+    """(H, W) bool: foreground pixels whose point is finite and in front of the camera (z > 0), from the
+    points' x, y and z planes (3, H, W): `np.moveaxis(points, -1, 0)` of points (H, W, 3), or faster, the
+    planes of a channels-first map."""
+    x, y, z = planes
+    usable = np.isfinite(x)
+    usable &= np.isfinite(y)
+    usable &= z > 0
+    usable &= z < np.inf
+    usable &= foreground
+    return usable
+
+
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
     """Least-squares slope and intercept of y = slope * x + intercept; None when x does not vary."""
     x_mean, y_mean = x.mean(), y.mean()
@@ -46,13 +59,14 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
 def fit_intrinsics(points: np.ndarray, foreground: np.ndarray) -> Intrinsics | None:
     """The camera that best projects the foreground points (H, W, 3) onto their pixels, u = fx X/Z + cx and
     v = fy Y/Z + cy, by least squares; None with fewer than 3 usable points or no spread to fit."""
-    valid = foreground & np.isfinite(points).all(axis=2) & (points[..., 2] > 0)
-    step = max(1, math.ceil(math.sqrt(int(valid.sum()) / FITTED_POINTS)))  # a grid over the photo
-    rows, columns = np.nonzero(valid[::step, ::step])
+    step = max(1, math.ceil(math.sqrt(int(foreground.sum()) / FITTED_POINTS)))  # a grid over the photo
+    rows, columns = np.nonzero(foreground[::step, ::step])
     rows, columns = rows * step, columns * step
+    xyz = points[rows, columns].astype(np.float64)
+    usable = np.isfinite(xyz).all(axis=1) & (xyz[:, 2] > 0)  # checked on the grid's points only
+    rows, columns, xyz = rows[usable], columns[usable], xyz[usable]
     if len(rows) < 3:
         return None
-    xyz = points[rows, columns].astype(np.float64)
     x, y = xyz[:, 0] / xyz[:, 2], xyz[:, 1] / xyz[:, 2]
     u, v = columns.astype(np.float64), rows.astype(np.float64)
     horizontal, vertical = _line(x, u), _line(y, v)
