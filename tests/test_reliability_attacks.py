@@ -324,6 +324,23 @@ def test_cancelled_jobs_stop_their_work_and_hold_the_model_until_they_do(server,
     assert Path(picture).is_file()
 
 
+def test_a_cancelled_all_tasks_run_stops_between_its_tasks_and_frees_the_model(server):
+    with slow_forward(server, 0.5) as forward:
+        job = server.client().submit(handle_file(str(GOOD_PHOTO)), api_name="/all")
+        wait_for(lambda: forward.calls >= 1)
+        job.cancel()
+        wait_for(job.done)
+        time.sleep(1.0)
+        calls = forward.calls
+        time.sleep(1.0)
+        assert forward.calls == calls, "a cancelled run is still running the model"
+        assert calls <= 3, "the run went on to later tasks after its cancellation"
+        assert not server.demo.device_slot.busy
+        assert job.status().code.name == "CANCELLED"
+    picture, summary, _, _ = server.client().predict(handle_file(str(GOOD_PHOTO)), api_name="/features")
+    assert Path(picture).is_file()
+
+
 def test_pictures_and_files_are_written_off_the_device(server, client, monkeypatch):
     held = []
     write_picture = handlers.write_picture
