@@ -275,6 +275,8 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, bud
         outputs=[*pictures, summary, timing, files],
         api_name="all",
         api_description="Every picture task on one photo, side by side.",
+        # The whole run's bar over the downloads; each tile shows its own task's stage, sent by the handler.
+        show_progress_on=[files],
         **MODEL_EVENT,
     )
 

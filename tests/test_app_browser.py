@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,51 @@ def test_all_tasks_reads_at_1440_pixels_wide(browser, server):
     for index in range(rows.count()):
         assert rows.nth(index).is_visible()
     context.close()
+
+
+def test_all_tasks_tiles_show_their_own_progress_and_each_picture_when_its_task_is_done(
+    page, server, tmp_path, monkeypatch
+):
+    """While depth's task runs (held back here until the page is read), the tasks before it show their
+    pictures, depth's tile its own stage and the matting tile that it waits; no tile shows another's."""
+    depth_ran, go_on = threading.Event(), threading.Event()
+    run = server.runtime.run
+
+    def held_at_depth(task, *args, **kwargs):
+        result = run(task, *args, **kwargs)
+        if task == "depth":
+            depth_ran.set()
+            go_on.wait(RESULT_TIMEOUT_MS / 1000)
+        return result
+
+    monkeypatch.setattr(server.runtime, "run", held_at_depth)
+    page.get_by_role("tab", name="All tasks", exact=True).click()
+    page.locator("#all-photo input[type=file]").set_input_files(str(PHOTOS[0]))
+    page.locator("#all-photo img").first.wait_for()
+    page.locator("#all-run").click()
+    try:
+        assert depth_ran.wait(RESULT_TIMEOUT_MS / 1000)
+        for task in ("pose", "segment", "normals"):
+            page.locator(f"#all-{task} img").first.wait_for(timeout=RESULT_TIMEOUT_MS)
+        label = "[data-testid=block-label]"
+        page.locator(f"#all-depth {label}").get_by_text("%").wait_for()
+        depth, matting = (page.locator(f"#all-{task} {label}").inner_text() for task in ("depth", "matting"))
+        assert depth != matting and "waiting" in matting.lower() and "%" in depth, (depth, matting)
+        assert page.locator("#all-depth img, #all-matting img").count() == 0
+        for task in ("pose", "segment", "normals"):
+            shown = page.locator(f"#all-{task}").inner_text()
+            assert "Segmentation" not in shown and "running" not in shown, (task, shown)
+        page.screenshot(path=str(tmp_path / "all-mid-run.png"), full_page=True)
+    finally:
+        go_on.set()
+    page.locator("#all-downloads").get_by_text("grace_hopper_composite").first.wait_for(
+        timeout=RESULT_TIMEOUT_MS
+    )
+    for task in ("pose", "segment", "normals", "depth", "matting"):
+        page.locator(f"#all-{task} img").first.wait_for()
+        assert page.locator(f"#all-{task} [data-testid=block-label]").locator("visible=true").count() == 0
+    page.screenshot(path=str(tmp_path / "all-done.png"), full_page=True)
+    assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
 
 
 def test_the_first_run_error_keeps_its_instructions_on_the_page(page, tmp_path, monkeypatch):

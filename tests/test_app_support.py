@@ -71,6 +71,46 @@ def test_a_one_photo_requests_stage_texts_come_with_a_fraction_that_only_grows()
     assert pickle.loads(pickle.dumps(StagedProgress(None))).bar is None  # it may cross the device boundary
 
 
+def test_streamed_work_shows_its_stages_then_returns_or_raises_on_the_callers_side():
+    import pickle
+    import threading
+
+    from sapiens2.serving.streaming import Relay, streamed
+
+    page: list[str] = []
+    asked = threading.Event()
+
+    def work(report):
+        report(None, "detecting persons")
+        asked.wait(5)  # the caller reads the first stage before the next one comes
+        report(None, "running the model")
+        return "result"
+
+    steps = streamed(work, lambda fraction, text: (fraction, text), lambda _, text: page.append(text))
+    assert next(steps) == (0.35, "detecting persons")
+    asked.set()
+    assert drained(steps) == ([(0.5, "running the model")], "result")
+    assert page == ["detecting persons", "running the model"]  # the page's bar gets every report as it is
+
+    def failing(report):
+        raise ValueError("no photo")
+
+    with pytest.raises(ValueError, match="no photo"):
+        list(streamed(failing, lambda *shown: shown))
+    relay = pickle.loads(pickle.dumps(Relay(None, print)))
+    assert relay.tell is None  # a device worker gets the page's side alone
+
+
+def drained(steps) -> tuple[list, object]:
+    """What a generator yields, and what it returns."""
+    shown = []
+    while True:
+        try:
+            shown.append(next(steps))
+        except StopIteration as end:
+            return shown, end.value
+
+
 def test_gradio_analytics_are_off_unless_asked_for(monkeypatch):
     import app
     from sapiens2.runtime import Runtime

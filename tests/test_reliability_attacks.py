@@ -324,6 +324,23 @@ def test_cancelled_jobs_stop_their_work_and_hold_the_model_until_they_do(server,
     assert Path(picture).is_file()
 
 
+def test_a_cancelled_all_tasks_run_stops_between_its_tasks_and_frees_the_model(server):
+    with slow_forward(server, 0.5) as forward:
+        job = server.client().submit(handle_file(str(GOOD_PHOTO)), api_name="/all")
+        wait_for(lambda: forward.calls >= 1)
+        job.cancel()
+        wait_for(job.done)
+        time.sleep(1.0)
+        calls = forward.calls
+        time.sleep(1.0)
+        assert forward.calls == calls, "a cancelled run is still running the model"
+        assert calls <= 3, "the run went on to later tasks after its cancellation"
+        assert not server.demo.device_slot.busy
+        assert job.status().code.name == "CANCELLED"
+    picture, summary, _, _ = server.client().predict(handle_file(str(GOOD_PHOTO)), api_name="/features")
+    assert Path(picture).is_file()
+
+
 def test_pictures_and_files_are_written_off_the_device(server, client, monkeypatch):
     held = []
     write_picture = handlers.write_picture
@@ -337,14 +354,18 @@ def test_pictures_and_files_are_written_off_the_device(server, client, monkeypat
     assert held == [False], "the next request's model work may run while this one writes its pictures"
 
 
-def test_closing_the_page_stops_the_work(server, tmp_path):
-    clip = write_video(tmp_path / "long.mp4", 200, (96, 64), 25.0)
-    session = "closed-page-session"
-    payload = upload(server.url, clip.read_bytes(), "long.mp4")
-    fn_index = next(i for i, fn in server.demo.fns.items() if fn.api_name == "video")
-    with slow_forward(server, 0.2) as forward:
+@pytest.mark.parametrize("api_name", ["video", "all"])
+def test_closing_the_page_stops_the_work(server, tmp_path, api_name):
+    session = f"closed-page-session-{api_name}"
+    fn_index = next(i for i, fn in server.demo.fns.items() if fn.api_name == api_name)
+    if api_name == "video":
+        clip = write_video(tmp_path / "long.mp4", 200, (96, 64), 25.0)
+        payload = upload(server.url, clip.read_bytes(), "long.mp4")
         defaults = [option.on_device("cpu").default for option, _ in video_options().values()]
         data = [payload, "segment", "0.4b", *defaults]  # the page sends every input, the video options too
+    else:
+        data = [upload(server.url, GOOD_PHOTO.read_bytes(), GOOD_PHOTO.name), "0.4b"]
+    with slow_forward(server, 0.2) as forward:
         body = {"data": data, "fn_index": fn_index, "session_hash": session}
         httpx.post(f"{server.url}gradio_api/queue/join", json=body, timeout=30).raise_for_status()
         with httpx.stream(

@@ -10,7 +10,7 @@ import inspect
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from sapiens2.outputs.exports import write_picture
 from sapiens2.outputs.pictures import fit_for_display
 from sapiens2.outputs.results import FrameFollower, TaskResult
 from sapiens2.pipelines.options import Option
+from sapiens2.progress import Progress, within
 from sapiens2.runtime import Runtime
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
@@ -38,7 +39,8 @@ from sapiens2.serving.requests import (
     user_errors,
 )
 from sapiens2.serving.scratch import ScratchSpace
-from sapiens2.tasks import TASKS, Task, get_task, video_options
+from sapiens2.serving.streaming import streamed
+from sapiens2.tasks import ALL_TASKS, TASKS, Task, get_task, video_options
 from sapiens2.vision.images import load_image
 from sapiens2.vision.limits import Limits
 
@@ -97,25 +99,55 @@ def task_handler(
 def overview_handler(
     runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, default_size: str
 ) -> Callable:
-    """The endpoint /all: (image, size) -> (the first picture of each task, summary, timing, files)."""
+    """The endpoint /all: (image, size) -> (the first picture of each task, summary, timing, files).
 
-    def run_all(image: Any, size: str = default_size, progress: gr.Progress = PROGRESS) -> list:
+    It streams: each tile says it is waiting, then its own task's stage, then shows its picture as soon as
+    its task is done; the last yield is the result. The device is held task by task."""
+
+    def run_all(image: Any, size: str = default_size, progress: gr.Progress = PROGRESS) -> Iterator[list]:
         path, stem = upload(image)
-        report = reporter(progress)
+        page = reporter(progress)
+        count = len(ALL_TASKS)
         with user_errors():
             photo = load_image(path)  # decoded before the device is taken
-            with holding_device(slot, report):
-                results = runtime.run_all(photo, size=size, progress=report)
-            stage(report, "writing files")
             folder = scratch.new_folder()
+            yield [*(tile_status(WAITING_TILE) for _ in ALL_TASKS), "", "", None]
+            results, shown = [], []
+            for index, task in enumerate(TASKS[name] for name in ALL_TASKS):
+
+                def work(report: Progress, task: Task = task) -> tuple[TaskResult, str]:
+                    own_size = task.size_or_default(size)
+                    with holding_device(slot, report):
+                        result = runtime.run(task.name, photo, size=own_size, progress=report)
+                    return result, picture_files(folder / task.name, stem, task, result)[0]
+
+                def tile(update: Any, index: int = index) -> list:
+                    """The event's outputs with only this task's tile changed."""
+                    return [*[gr.skip()] * index, update, *[gr.skip()] * (count + 2 - index)]
+
+                step = within(page, index / count, (index + 1) / count, f"{task.title}: ")
+                result, picture = yield from streamed(
+                    work, lambda fraction, text: tile(tile_status(f"{text} · {fraction:.0%}")), step
+                )
+                results.append(result)
+                shown.append(picture)
+                yield tile(gr.Image(picture, label=task.title, show_label=False))
+            stage(page, "writing files")
             files_out = [p for r in results for p in r.export(folder / r.task, stem)]
-            shown = [picture_files(folder / r.task, stem, TASKS[r.task], r)[0] for r in results]
             check_output(scratch, folder)
         lines = [f"{TASKS[r.task].title}: {summary(r) or 'done.'}" for r in results]
         timings = [f"{TASKS[r.task].title}: {r.timing_line()}" for r in results]
-        return [*shown, "\n\n".join(lines), "\n".join(timings), [str(p) for p in files_out]]
+        yield [*shown, "\n\n".join(lines), "\n".join(timings), [str(p) for p in files_out]]
 
     return run_all
+
+
+WAITING_TILE = "waiting its turn"
+
+
+def tile_status(text: str) -> gr.Image:
+    """An All tasks tile without its picture yet, its label saying what its task is doing."""
+    return gr.Image(None, label=text[:1].upper() + text[1:], show_label=True)
 
 
 def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Callable:

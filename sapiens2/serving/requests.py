@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -162,21 +163,56 @@ def cancellable(handler: Callable, budget: DeviceBudget | None = None) -> Callab
     before it waits.
     """
 
+    if inspect.isgeneratorfunction(handler):
+        return _cancellable_stream(handler, budget)
+
     @functools.wraps(handler)
     async def run(*args: Any) -> Any:
-        account = None
-        if budget is not None:
-            try:
-                account = budget.account(_client(budget.trusted_proxies))
-            except DeviceTimeError as error:
-                raise gr.Error(describe_error(error, public=True), print_exception=False) from None
-        job = Job(_client_connected(), budget=account)
+        job = _request_job(budget)
         try:
             return await run_until_stopped(None, job, handler, *args)
         except Cancelled:
             raise gr.Error(CANCELLED, print_exception=False) from None
 
     return run
+
+
+def _cancellable_stream(handler: Callable, budget: DeviceBudget | None) -> Callable:
+    """`cancellable` for a generator handler: each step on a thread under the request's one job; a stream
+    that ends early (cancelled, its page closed) cancels the job and waits for the work to stop."""
+
+    @functools.wraps(handler)
+    async def stream(*args: Any) -> AsyncIterator[Any]:
+        job = _request_job(budget)
+        steps = handler(*args)
+        finished = False
+        try:
+            while (value := await run_until_stopped(None, job, next, steps, _END)) is not _END:
+                yield value
+            finished = True
+        except Cancelled:
+            raise gr.Error(CANCELLED, print_exception=False) from None
+        finally:
+            if not finished:
+                job.cancel()
+                await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, steps.close))
+
+    return stream
+
+
+_END = object()
+
+
+def _request_job(budget: DeviceBudget | None) -> Job:
+    """The job of the request running in this context, with its client's device time; a client with none
+    left is refused."""
+    account = None
+    if budget is not None:
+        try:
+            account = budget.account(_client(budget.trusted_proxies))
+        except DeviceTimeError as error:
+            raise gr.Error(describe_error(error, public=True), print_exception=False) from None
+    return Job(_client_connected(), budget=account)
 
 
 def _client(trusted_proxies: int) -> str:
