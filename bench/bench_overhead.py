@@ -19,6 +19,7 @@ decoding, measured on its own row); `--with-background` adds it.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -151,10 +152,11 @@ def main() -> None:
         "--with-background", action="store_true", help="normals and depth masked by body parts"
     )
     parser.add_argument(
-        "--fresh-heap", action="store_true", help="glibc's default heap (the app keeps freed memory warm)"
+        "--warm-heap", action="store_true", help="keep freed memory warm, as SAPIENS2_WARM_HEAP=1 does"
     )
     args = parser.parse_args()
-    if not args.fresh_heap:
+    if args.warm_heap:
+        os.environ["SAPIENS2_WARM_HEAP"] = "1"
         keep_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)

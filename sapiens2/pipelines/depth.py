@@ -93,7 +93,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     mask = photo.values["mask"]
     foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
     with photo.timings.measure("pictures"):
-        picture = depth_picture(points[..., 2], foreground)
+        picture = depth_picture(planes[2], foreground)
     usable = points_in_front(planes, foreground)  # checked once for the camera and the mesh
     camera = fit_intrinsics(points, usable)
     mesh_budget = MESH_SHARE * Limits.from_env().output_mb * 1e6
