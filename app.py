@@ -11,7 +11,6 @@ import argparse
 import atexit
 import contextlib
 import logging
-import os
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import gradio as gr
 from starlette.middleware import Middleware
 
+from sapiens2.errors import ConfigError
 from sapiens2.runtime import Runtime
 from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_arguments
 from sapiens2.runtime.messages import describe_error
@@ -36,6 +36,7 @@ from sapiens2.serving.requests import cancellable
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.serving.shutdown import exit_cleanly_on_signals
 from sapiens2.serving.uploads import UploadQuota
+from sapiens2.settings import Settings, current, install
 from sapiens2.tasks import ALL_TASKS, TASKS, Task
 from sapiens2.tasks.local_models import Choices, local_choices
 from sapiens2.tasks.registry import smallest_first
@@ -62,7 +63,6 @@ MAX_UPLOAD = "40mb"
 # what one client uploads is counted over the life of a file (sapiens2.serving.uploads).
 CACHE_SWEEP, CACHE_LIFE = 600, 1800
 
-MONITORING_ENV = "SAPIENS2_MONITORING"
 
 TITLE = "Sapiens2 Studio"
 INTRO = (
@@ -108,10 +108,12 @@ def build_app(
     scratch: ScratchSpace | None = None,
     local: Choices | None = None,
     hosting: zerogpu.Hosting | None = None,
+    settings: Settings | None = None,
 ) -> gr.Blocks:
     """The whole UI: one tab per task, an "All tasks" tab and a live webcam tab; `local` adds fine-tuned
     checkpoints to their tasks' model lists (see sapiens2.tasks.local_models); `hosting` says what the host
-    allows (`sapiens2.serving.zerogpu.serve`)."""
+    allows (`sapiens2.serving.zerogpu.serve`); `settings`: the settings in force when None."""
+    settings = settings or current()
     scratch = scratch or ScratchSpace()
     local = local or {}
     hosting = hosting or zerogpu.Hosting()
@@ -119,8 +121,9 @@ def build_app(
     budget = DeviceBudget()
     streams = StreamWatch(LIVE_EVENTS, LIVE_STREAMS)
     # Gradio's usage analytics go to its makers from every server that does not say no: only when asked.
-    analytics = os.environ.get("GRADIO_ANALYTICS_ENABLED", "").strip().lower() in {"1", "true"}
-    with gr.Blocks(title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE), analytics_enabled=analytics) as demo:
+    with gr.Blocks(
+        title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE), analytics_enabled=settings.analytics
+    ) as demo:
         with gr.Column(elem_classes="studio-header"):
             gr.Markdown(f"# {TITLE}\n{INTRO}")
             gr.Markdown(handlers.device_note(runtime), elem_classes="studio-note")
@@ -131,7 +134,7 @@ def build_app(
             with gr.Tab("All tasks", id="all"):
                 _overview_tab(runtime, scratch, slot, budget)
             with gr.Tab("Video", id="video"):
-                _video_tab(runtime, scratch, slot, budget)
+                _video_tab(runtime, scratch, slot, budget, Limits.of(settings))
             with gr.Tab("Live webcam", id="live"):
                 if hosting.live_unavailable:
                     gr.Markdown(f"### Live webcam\n{hosting.live_unavailable}", elem_id="live-note")
@@ -151,8 +154,11 @@ def launch(
     port: int | None = None,
     share: bool = False,
     prevent_thread_lock: bool = False,
+    settings: Settings | None = None,
 ):
-    """Start the server with the app's queue limits, theme and upload cap."""
+    """Start the server with the app's queue limits, theme and upload cap (`settings`: the settings in force
+    when None)."""
+    settings = settings or current()
     demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
     share_the_queue(demo, MODEL_EVENTS)
     keep_files_private(demo.GRADIO_CACHE)
@@ -166,7 +172,7 @@ def launch(
         max_file_size=MAX_UPLOAD,
         app_kwargs={"middleware": guards, "lifespan": _while_serving(demo)},
         # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
-        enable_monitoring=os.environ.get(MONITORING_ENV, "").strip() == "1",
+        enable_monitoring=settings.monitoring,
         theme=THEME,
         css=CSS,
         js=PAGE_JS,
@@ -281,9 +287,10 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, bud
     )
 
 
-def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget: DeviceBudget) -> None:
+def _video_tab(
+    runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget: DeviceBudget, limits: Limits
+) -> None:
     """A short clip through a chosen task, frame by frame; endpoint /video."""
-    limits = Limits.from_env()
     gr.Markdown(
         f"### Video\nA short clip through one task; the first {limits.video_frames} frames are processed."
     )
@@ -351,15 +358,16 @@ def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> None:
 # ---- command line ------------------------------------------------------------------------------------------
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None, settings: Settings | None = None) -> argparse.Namespace:
+    settings = settings or current()
     parser = argparse.ArgumentParser(description=f"{TITLE}: the Sapiens2 models in a web page.")
     add_runtime_arguments(parser)
     parser.add_argument(
         "--host",
-        default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        default=settings.server_name,
         help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for everyone)",
     )
-    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    parser.add_argument("--port", type=int, default=settings.server_port)
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument(
         "--model",
@@ -373,8 +381,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    keep_freed_memory()
+    try:
+        install(Settings.read())  # the settings of this server, read once: here
+    except ConfigError as error:
+        sys.exit(describe_error(error))
+    args = parse_args(argv, current())
+    keep_freed_memory(current())
     try:
         runtime = runtime_from_arguments(args)
         local = local_choices(args.checkpoint_dir, args.model)
@@ -387,8 +399,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     scratch = ScratchSpace()
     atexit.register(scratch.remove)
     exit_cleanly_on_signals(scratch.remove)
-    demo = build_app(runtime, scratch, local, hosting)
-    launch(demo, host=args.host, port=args.port, share=args.share)
+    demo = build_app(runtime, scratch, local, hosting, current())
+    launch(demo, host=args.host, port=args.port, share=args.share, settings=current())
 
 
 if __name__ == "__main__":

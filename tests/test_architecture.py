@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"vision"},  # input hygiene, processing, detector, pose decoding, dense post-processing
     {"models"},  # the networks, their configs, weights and the Hub
     {"data"},  # facts as data: keypoint and body-part names, skeletons, palettes
+    {"settings"},  # every setting given through environment variables, read once at an entry point
     # The base: exceptions, the progress callback type, PyTorch's MPS fallback (set before torch is imported).
     {"errors", "progress", "_mps_fallback"},
 ]

@@ -1,9 +1,9 @@
 """Device and precision selection: CUDA when present, else an Apple GPU (MPS), else the CPU; bf16 on CUDA
-and on CPUs that compute bf16 natively, fp32 elsewhere; both overridable by argument or environment."""
+and on CPUs that compute bf16 natively, fp32 elsewhere; both overridable by argument or by SAPIENS2_DEVICE and
+SAPIENS2_DTYPE."""
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 from collections.abc import Iterator
@@ -13,6 +13,7 @@ import torch
 
 from sapiens2 import _mps_fallback
 from sapiens2.errors import ConfigError
+from sapiens2.settings import current
 
 DTYPES = {
     "bf16": torch.bfloat16,
@@ -37,7 +38,7 @@ def resolve_device(name: str | torch.device | None = None) -> torch.device:
     """`name` (or a device, checked), else SAPIENS2_DEVICE, else cuda, mps or cpu (default_device_name)."""
     if isinstance(name, torch.device):
         name = str(name)
-    name = name or os.environ.get("SAPIENS2_DEVICE") or default_device_name()
+    name = name or current().device or default_device_name()
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -65,15 +66,19 @@ def cpu_has_native_bf16() -> bool:
     return bool(capabilities.get("avx512_bf16") or capabilities.get("amx_bf16"))
 
 
-def choose_dtype(name: str | torch.dtype | None, device: torch.device) -> tuple[torch.dtype, str]:
-    """The precision for `device` and why: `name` (or a dtype, as it is), else SAPIENS2_DTYPE, else bf16 on
-    CUDA and on CPUs with native bf16, fp32 elsewhere (the Apple GPU included: MPS_PRECISION_REASON)."""
+def choose_dtype(
+    name: str | torch.dtype | None, device: torch.device, setting: str | None = None
+) -> tuple[torch.dtype, str]:
+    """The precision for `device` and why: `name` (or a dtype, as it is), else `setting` (SAPIENS2_DTYPE),
+    else bf16 on CUDA and on CPUs with native bf16, fp32 elsewhere (the Apple GPU included:
+    MPS_PRECISION_REASON)."""
     if isinstance(name, torch.dtype):
         return _checked_on(device, name), "as asked"
     if name:
         return _checked_on(device, parse_dtype(name)), "as asked"
-    if os.environ.get("SAPIENS2_DTYPE"):
-        return _checked_on(device, parse_dtype(os.environ["SAPIENS2_DTYPE"])), "as SAPIENS2_DTYPE asks"
+    setting = setting or current().dtype
+    if setting:
+        return _checked_on(device, parse_dtype(setting)), "as SAPIENS2_DTYPE asks"
     if device.type == "mps":
         return torch.float32, MPS_PRECISION_REASON
     if device.type == "cuda":

@@ -28,6 +28,7 @@ from huggingface_hub.utils import httpx
 from huggingface_hub.utils import tqdm as hub_tqdm
 from torch import nn
 
+from sapiens2 import settings
 from sapiens2.errors import CheckpointDownloadError, CheckpointError, CheckpointNotFoundError, ConfigError
 from sapiens2.models import hub_access, presets
 from sapiens2.models.config import Sapiens2Config, load_config
@@ -231,11 +232,12 @@ def forget_remote_sizes() -> None:
 
 
 def use_checkpoint_dir(directory: str | os.PathLike[str]) -> Path:
-    """Look up repo ids in `directory`/<repo id>/ before the Hub from now on (sets the variable above)."""
+    """Look up repo ids in `directory`/<repo id>/ before the Hub from now on: the settings in force, with it
+    as their checkpoint folder, installed."""
     path = Path(directory).expanduser().resolve()
     if not path.is_dir():
         raise ConfigError(f"the checkpoint folder {directory} does not exist or is not a folder")
-    os.environ[CHECKPOINT_DIR_ENV] = str(path)
+    settings.install(settings.current().but(checkpoint_dir=str(path)))
     return path
 
 
@@ -253,7 +255,7 @@ def _is_repo_id(text: str) -> bool:
 
 
 def _env_repo_dir(repo_id: str) -> Path | None:
-    root = os.environ.get(CHECKPOINT_DIR_ENV)
+    root = settings.current().checkpoint_dir
     if not root or not _is_repo_id(repo_id):
         return None
     directory = Path(root).expanduser() / repo_id
@@ -271,7 +273,7 @@ def offline_instructions(repo_id: str) -> str:
 
 
 def _fill_hint(repo_id: str) -> str:
-    looked = "It is not in the checkpoint folder either. " if os.environ.get(CHECKPOINT_DIR_ENV) else ""
+    looked = "It is not in the checkpoint folder either. " if settings.current().checkpoint_dir else ""
     return looked + offline_instructions(repo_id)
 
 
@@ -328,11 +330,7 @@ def _resolve_hub(repo_id: str, revision: str | None, progress: Progress | None) 
 
 def _hub_cache_dir() -> str | None:
     """HF_HUB_CACHE or HF_HOME/hub as set now; None leaves huggingface_hub's default."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.environ["HF_HOME"], "hub")
-    return None
+    return settings.current().hub_cache_dir
 
 
 def _fetch(repo_id: str, filename: str, revision: str | None, progress: Progress | None) -> Path:

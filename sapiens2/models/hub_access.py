@@ -3,12 +3,13 @@ answer is kept for a minute, so that a machine without a connection learns it on
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 from huggingface_hub import constants
 from huggingface_hub.utils import get_session, httpx
+
+from sapiens2.settings import current
 
 PROBE_TIMEOUT_SECONDS = 3.0
 REMEMBER_SECONDS = 60.0
@@ -19,8 +20,7 @@ _known: dict[str, tuple[bool, float]] = {}  # endpoint -> (reachable, until when
 
 def offline() -> bool:
     """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
-    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-    return flag or constants.HF_HUB_OFFLINE
+    return current().hub_offline or constants.HF_HUB_OFFLINE
 
 
 def reachable() -> bool:

@@ -96,7 +96,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         picture = depth_picture(planes[2], foreground)
     usable = points_in_front(planes, foreground)  # checked once for the camera and the mesh
     camera = fit_intrinsics(points, usable)
-    mesh_budget = MESH_SHARE * Limits.from_env().output_mb * 1e6
+    mesh_budget = MESH_SHARE * Limits.of().output_mb * 1e6
     step = step_for_bytes(usable, mesh_budget)
     notes = []
     if step > 1:

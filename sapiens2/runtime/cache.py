@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -13,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from sapiens2.errors import ConfigError
 from sapiens2.models.device import release_cached_memory
+from sapiens2.settings import Settings, current
 
 GIB = 1024**3
 # Room for a 5b model in bf16 (about 10 GiB) plus the body-part model on a 24 GB GPU, with headroom
@@ -32,19 +31,12 @@ def model_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def budget_from_env(device: torch.device) -> int:
+def budget_from_env(device: torch.device, settings: Settings | None = None) -> int:
     """The cache budget in bytes: SAPIENS2_CACHE_GB, else a default for the device type."""
-    raw = os.environ.get("SAPIENS2_CACHE_GB")
-    if raw is None:
-        default = DEFAULT_CUDA_BUDGET_GIB if device.type == "cuda" else DEFAULT_CPU_BUDGET_GIB
-        return int(default * GIB)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"SAPIENS2_CACHE_GB must be a number of gigabytes, got {raw!r}.") from None
-    if value <= 0:
-        raise ConfigError(f"SAPIENS2_CACHE_GB must be positive, got {raw!r}.")
-    return int(value * GIB)
+    gigabytes = (settings or current()).cache_gb
+    if gigabytes is None:
+        gigabytes = DEFAULT_CUDA_BUDGET_GIB if device.type == "cuda" else DEFAULT_CPU_BUDGET_GIB
+    return int(gigabytes * GIB)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from sapiens2.progress import Progress, within
 from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork
 from sapiens2.runtime.cache import ModelCache, budget_from_env
 from sapiens2.runtime.jobs import check_cancelled
+from sapiens2.settings import Settings, current
 from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
 from sapiens2.vision.detector import Detections, PersonDetector, YoloPersonDetector
 from sapiens2.vision.images import LoadedImage, load_image
@@ -47,7 +48,7 @@ COMPILE_ENV = "SAPIENS2_COMPILE"
 
 def compile_from_env() -> bool:
     """Whether SAPIENS2_COMPILE asks for torch.compile (1, true, yes or on)."""
-    return os.environ.get(COMPILE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    return current().compile
 
 
 def load_compiled(repo_id: str, **kwargs: Any) -> nn.Module:
@@ -70,11 +71,14 @@ class Runtime:
         cache: ModelCache | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
         compile: bool | None = None,
+        setup: Settings | None = None,
     ):
-        """`compile` (default: SAPIENS2_COMPILE) runs every model through torch.compile."""
-        self.device = resolve_device(device)
-        self.dtype, self.dtype_reason = choose_dtype(dtype, self.device)
-        self.compiled = compile_from_env() if compile is None else compile
+        """`compile` (default: SAPIENS2_COMPILE) runs every model through torch.compile; `setup`: the settings
+        the arguments left unsaid come from (the settings in force when None)."""
+        self.setup = setup or current()
+        self.device = resolve_device(device or self.setup.device)
+        self.dtype, self.dtype_reason = choose_dtype(dtype, self.device, self.setup.dtype)
+        self.compiled = self.setup.compile if compile is None else compile
         if batch_size < 1:
             raise ConfigError(f"batch size must be at least 1, got {batch_size}")
         self.batch_size = batch_size
@@ -82,7 +86,7 @@ class Runtime:
             load_compiled if self.compiled else hub.from_pretrained,
             device=self.device,
             dtype=self.dtype,
-            budget_bytes=budget_from_env(self.device),
+            budget_bytes=budget_from_env(self.device, self.setup),
             estimate=lambda repo_id: model_bytes_estimate(repo_id, self.dtype),
         )
         # A detector object is used as given; a model name or .pt path (or None) is loaded on first use.

@@ -18,20 +18,20 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 import sys
+
+from sapiens2.settings import Settings, current
 
 log = logging.getLogger(__name__)
 
 RETAINED_BYTES = 1 << 30
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
-SWITCH_VARIABLE = "SAPIENS2_WARM_HEAP"  # "1" turns it on
 
 
-def keep_freed_memory(retained: int = RETAINED_BYTES) -> bool:
+def keep_freed_memory(settings: Settings | None = None, retained: int = RETAINED_BYTES) -> bool:
     """With SAPIENS2_WARM_HEAP=1, ask glibc to serve large blocks from its heap and keep up to `retained`
     bytes of freed memory mapped; False (and nothing changed) otherwise, or off glibc."""
-    if os.environ.get(SWITCH_VARIABLE, "0") != "1" or not sys.platform.startswith("linux"):
+    if not (settings or current()).warm_heap or not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from sapiens2.serving.uploads import MB, Receive, Scope, Send, answer, declared_length, env_number
+from sapiens2.serving.uploads import MB, Receive, Scope, Send, answer, declared_length
+from sapiens2.settings import current
 
 BODY_MB_ENV = "SAPIENS2_MAX_BODY_MB"
-DEFAULT_BODY_MB = 8  # a webcam frame arrives as a base64 PNG inside the JSON: a 1080p one is 4-6 MB
 
 
 class BodyLimit:
@@ -22,7 +22,7 @@ class BodyLimit:
 
     def __init__(self, app: Callable, limit_bytes: int | None = None):
         self.app = app
-        self.limit_bytes = limit_bytes or env_number(BODY_MB_ENV, DEFAULT_BODY_MB, 1) * MB
+        self.limit_bytes = limit_bytes or current().max_body_mb * MB
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"].endswith("/upload"):

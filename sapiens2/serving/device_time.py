@@ -17,13 +17,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sapiens2.errors import DeviceTimeError
-from sapiens2.serving.uploads import PROXIES_ENV, env_number
+from sapiens2.settings import current
 
 REQUEST_SECONDS_ENV = "SAPIENS2_MAX_DEVICE_SECONDS"
 CLIENT_SECONDS_ENV = "SAPIENS2_DEVICE_SECONDS_PER_CLIENT"
-# 300 frames of the default model through /video fit on a GPU; on a CPU a photo takes seconds.
-DEFAULT_REQUEST_SECONDS = 120
-DEFAULT_CLIENT_SECONDS = 300
 WINDOW = 600  # seconds over which a client's device time is counted
 FEWER = "send a shorter clip or a smaller photo, or choose a smaller model size"
 
@@ -135,15 +132,15 @@ class DeviceBudget:
 
     def __init__(self, ledger: DeviceLedger | None = None):
         self.ledger = ledger or DeviceLedger()
-        self.trusted_proxies = env_number(PROXIES_ENV, 0, 0)
+        self.trusted_proxies = current().trusted_proxies
 
     def account(self, client: str) -> DeviceAccount:
         """A new request's account; DeviceTimeError when its client has no device time left."""
         account = DeviceAccount(
             self.ledger,
             client,
-            env_number(REQUEST_SECONDS_ENV, DEFAULT_REQUEST_SECONDS, 1),
-            env_number(CLIENT_SECONDS_ENV, DEFAULT_CLIENT_SECONDS, 1),
+            current().max_device_seconds,
+            current().device_seconds_per_client,
         )
         account.check_client()
         return account

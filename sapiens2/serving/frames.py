@@ -36,11 +36,11 @@ def frame_image(payload: Any) -> LoadedImage | None:
         raise ImageInputError(NOT_A_FRAME)
     url = payload.get("url")
     if isinstance(url, str) and url[:5].lower() == "data:":
-        return load_image(_frame_bytes(url), limits=Limits.from_env().for_frames())
+        return load_image(_frame_bytes(url), limits=Limits.of().for_frames())
     path, _ = upload(payload)
     if path is None:
         raise ImageInputError(NOT_A_FRAME)
-    return load_image(path, limits=Limits.from_env().for_frames())
+    return load_image(path, limits=Limits.of().for_frames())
 
 
 def _frame_bytes(url: str) -> bytes:

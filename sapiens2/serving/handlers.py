@@ -169,7 +169,7 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
             entry = get_task(task)
             own = {option.name for option in entry.video_options}
             options = {name: value for name, value in zip(names, values, strict=True) if name in own}
-            limits = Limits.from_env()
+            limits = Limits.of()
             folder = scratch.new_folder()
             job = VideoJob(
                 entry.name,

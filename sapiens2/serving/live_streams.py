@@ -24,18 +24,17 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from sapiens2.vision.limits import positive_setting
+from sapiens2.settings import current
 
 log = logging.getLogger("sapiens2.app")
 
 IDLE_ENV = "SAPIENS2_STREAM_IDLE_SECONDS"
-DEFAULT_IDLE_SECONDS = 5.0  # the page sends a frame every 0.1 s, and the next as soon as one is answered
 CHECK_SECONDS = 0.5
 
 
 def idle_seconds() -> float:
     """Seconds a stream may go without a frame: $SAPIENS2_STREAM_IDLE_SECONDS, or 5."""
-    return positive_setting(IDLE_ENV, DEFAULT_IDLE_SECONDS)
+    return current().stream_idle_seconds
 
 
 def places_taken_sentence(places: int) -> str:

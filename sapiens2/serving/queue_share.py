@@ -15,10 +15,10 @@ from typing import Any
 
 from fastapi import HTTPException
 
-from sapiens2.serving.uploads import PROXIES_ENV, client_address, env_number
+from sapiens2.serving.uploads import client_address
+from sapiens2.settings import current
 
 SHARE_ENV = "SAPIENS2_MAX_QUEUED_PER_CLIENT"
-DEFAULT_SHARE = 2
 
 
 def share_the_queue(demo: Any, concurrency_id: str) -> None:
@@ -27,8 +27,8 @@ def share_the_queue(demo: Any, concurrency_id: str) -> None:
     for part in ("push", "active_jobs", "event_queue_per_concurrency_id"):
         if not hasattr(queue, part):
             raise RuntimeError(f"Gradio's queue has no {part!r}: the per-client share cannot be counted.")
-    share = env_number(SHARE_ENV, DEFAULT_SHARE, 1)
-    trusted_proxies = env_number(PROXIES_ENV, 0, 0)
+    share = current().max_queued_per_client
+    trusted_proxies = current().trusted_proxies
     push = queue.push
 
     def client_of(request: Any) -> str | None:

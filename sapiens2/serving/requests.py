@@ -136,7 +136,7 @@ def check_output(scratch: ScratchSpace, folder: Path) -> None:
     disk Gradio copies them to has free."""
     size = scratch.folder_bytes(folder)
     try:
-        Limits.from_env().check_output(size)
+        Limits.of().check_output(size)
         check_room(size)
     except (LimitError, OutOfSpaceError):
         scratch.discard(folder)

@@ -17,36 +17,24 @@ anything further left is whatever the client sent, never used.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from sapiens2.errors import ConfigError
 from sapiens2.serving.disk_room import UPLOAD_REFUSED, has_room
+from sapiens2.settings import current
 
 QUOTA_MB_ENV = "SAPIENS2_UPLOAD_QUOTA_MB"
 TOTAL_MB_ENV = "SAPIENS2_UPLOAD_TOTAL_MB"
 PROXIES_ENV = "SAPIENS2_TRUSTED_PROXIES"
-DEFAULT_QUOTA_MB = 200
-DEFAULT_TOTAL_MB = 4000
 MB = 1_000_000
 BUCKETS_PER_WINDOW = 240  # 10 s buckets for the app's 40 minutes
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
-
-
-def env_number(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdecimal() or int(raw) < minimum:
-        raise ConfigError(f"{name} must be a whole number of at least {minimum}, not {raw!r}.")
-    return int(raw)
 
 
 class UploadLedger:
@@ -154,11 +142,11 @@ class UploadQuota:
     def __init__(self, app: Callable, *, window: float, ledger: UploadLedger | None = None):
         self.app = app
         self.ledger = ledger or UploadLedger(
-            env_number(QUOTA_MB_ENV, DEFAULT_QUOTA_MB, 1) * MB,
-            env_number(TOTAL_MB_ENV, DEFAULT_TOTAL_MB, 1) * MB,
+            current().upload_quota_mb * MB,
+            current().upload_total_mb * MB,
             window,
         )
-        self.trusted_proxies = env_number(PROXIES_ENV, 0, 0)
+        self.trusted_proxies = current().trusted_proxies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].endswith("/upload"):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sapiens2.errors import CheckpointError, ConfigError, TrainingError
 from sapiens2.models.hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
+from sapiens2.settings import Settings, installed
 from sapiens2.training import optim
 from sapiens2.training.datasets import __doc__ as LAYOUTS
 from sapiens2.training.tasks import TASKS
@@ -197,9 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        if args.checkpoint_dir is not None:
-            use_checkpoint_dir(args.checkpoint_dir)
-        run = train(options_from(args))
+        with installed(Settings.read()):
+            if args.checkpoint_dir is not None:
+                use_checkpoint_dir(args.checkpoint_dir)
+            run = train(options_from(args))
     except (TrainingError, CheckpointError, ConfigError) as error:
         print(f"sapiens2 train: {error}", file=sys.stderr)
         return EXIT_FAILED

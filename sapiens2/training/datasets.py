@@ -229,11 +229,11 @@ def photo_size(path: Path) -> tuple[int, int] | None:
             with Image.open(path) as image:
                 width, height = image.size
     except Image.DecompressionBombError:
-        raise DatasetError(f"{path}: {too_large_unknown(Limits.from_env().megapixels)}") from None
+        raise DatasetError(f"{path}: {too_large_unknown(Limits.of().megapixels)}") from None
     except (OSError, ValueError, SyntaxError):
         return None
     try:
-        Limits.from_env().check_image(width, height)
+        Limits.of().check_image(width, height)
     except LimitError as error:
         raise DatasetError(f"{path}: {error}") from None
     return height, width

@@ -26,14 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from sapiens2.settings import current
 from sapiens2.vision import images
 from sapiens2.vision.images import ImageInputError, LoadedImage, load_image
-from sapiens2.vision.limits import Limits, positive_setting
+from sapiens2.vision.limits import Limits
 
 log = logging.getLogger("sapiens2.app")
 
-DECODE_SECONDS_ENV = "SAPIENS2_DECODE_SECONDS"
-DEFAULT_DECODE_SECONDS = 20.0  # a 24 MP PNG decodes in about a second here; minutes means something is wrong
 SHARED_BYTES = 2**20  # smaller pixels go through the pipe: a shared block costs more to make than to pickle
 WARM_WORKERS = 2  # started ahead: one per model worker of the app
 KEPT_WORKERS = 6  # kept once started: the app's 2 model requests and 4 webcam streams decoding at once
@@ -43,7 +42,7 @@ READY = "ready"
 
 def decode_seconds() -> float:
     """How long one image may take to decode: $SAPIENS2_DECODE_SECONDS, or 20."""
-    return positive_setting(DECODE_SECONDS_ENV, DEFAULT_DECODE_SECONDS)
+    return current().decode_seconds
 
 
 def too_slow(seconds: float) -> ImageInputError:

@@ -12,14 +12,15 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from sapiens2.errors import ConfigError, Sapiens2Error
+from sapiens2.errors import Sapiens2Error
+from sapiens2.settings import Settings, current, export
 
 # COCO-trained medium detector: the official Sapiens demo detects persons with RTMDet-m (threshold 0.3,
 # NMS 0.3); yolo11m is the same size class (COCO box mAP 51.5 against 47.0 for yolo11s), much better on
 # small and occluded persons than the nano/small models, and still runs in tens of milliseconds on a GPU
 # and a few hundred on a CPU, small next to one forward of the pose model.
 DEFAULT_WEIGHTS = "yolo11m.pt"
-DEFAULT_MAX_PERSONS = 20
+DEFAULT_MAX_PERSONS = Settings().max_persons
 WEIGHTS_ENV = "SAPIENS2_DETECTOR"
 MAX_PERSONS_ENV = "SAPIENS2_MAX_PERSONS"
 PERSON_CLASS = 0
@@ -92,7 +93,7 @@ def resolve_weights(weights: str | os.PathLike | None = None) -> str:
     existing local .pt file of a detector whose class 0 is "person" (COCO order). A .pt is a pickle that
     can run code when loaded, so this must never receive user input.
     """
-    choice = str(weights if weights is not None else os.environ.get(WEIGHTS_ENV) or DEFAULT_WEIGHTS).strip()
+    choice = str(weights if weights is not None else current().detector or DEFAULT_WEIGHTS).strip()
     if _MODEL_NAME.fullmatch(choice):
         return choice
     path = Path(choice).expanduser()
@@ -106,16 +107,11 @@ def resolve_weights(weights: str | os.PathLike | None = None) -> str:
 
 def max_persons_from_env() -> int:
     """The cap on persons per photo the operator chose: $SAPIENS2_MAX_PERSONS, else 20."""
-    raw = os.environ.get(MAX_PERSONS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_PERSONS
-    if not raw.isdecimal() or int(raw) < 1:
-        raise ConfigError(f"{MAX_PERSONS_ENV} must be a whole number of at least 1, not {raw!r}.")
-    return int(raw)
+    return current().max_persons
 
 
 def _offline() -> bool:
-    return os.environ.get("YOLO_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+    return current().detector_offline
 
 
 def _import_ultralytics() -> None:
@@ -125,7 +121,7 @@ def _import_ultralytics() -> None:
     an opener that tries to install pi-heif for any file Pillow cannot identify, which would turn a user's
     junk upload into an install attempt; the original opener is put back.
     """
-    os.environ.setdefault("YOLO_AUTOINSTALL", "false")
+    export("YOLO_AUTOINSTALL", "false")
     from PIL import Image
     from ultralytics.utils import patches
 

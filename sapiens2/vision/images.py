@@ -26,14 +26,13 @@ import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from sapiens2.errors import ConfigError, LimitError, Sapiens2Error
+from sapiens2.settings import current
 from sapiens2.vision.files import file_problem, open_regular
 from sapiens2.vision.limits import JPEG_SCANS_COUNTED, Limits, too_large_unknown
 from sapiens2.vision.structure import jpeg_scans
 
-DEFAULT_MAX_SIDE = 4096
 MIN_SIDE = 32
 SUPPORTED_FORMATS = ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF")
-MAX_SIDE_ENV = "SAPIENS2_MAX_SIDE"
 
 _SUPPORTED_WORDS = "JPEG, PNG, WebP, GIF, BMP or TIFF"
 _SNIFF_BYTES = 512
@@ -88,14 +87,7 @@ class LoadedImage:
 
 def default_max_side() -> int:
     """Longest image side the model sees: $SAPIENS2_MAX_SIDE, or 4096."""
-    raw = os.environ.get(MAX_SIDE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_SIDE
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{MAX_SIDE_ENV} must be a whole number of pixels, not {raw!r}.") from None
-    return _checked_max_side(value, MAX_SIDE_ENV)
+    return current().max_side
 
 
 def load_image(source: Any, *, max_side: int | None = None, limits: Limits | None = None) -> LoadedImage:
@@ -104,7 +96,7 @@ def load_image(source: Any, *, max_side: int | None = None, limits: Limits | Non
     Its size is checked against `limits` (the server's limits for photos when None) before any pixel is
     decoded."""
     side = default_max_side() if max_side is None else _checked_max_side(max_side, "max_side")
-    limits = Limits.from_env() if limits is None else limits
+    limits = Limits.of() if limits is None else limits
     notes: list[str] = []
     if source is None:
         raise ImageInputError("No image was given. Please choose an image file.")

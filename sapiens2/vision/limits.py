@@ -1,57 +1,21 @@
 """What one request may cost: pixels, shape, video frames and output bytes, each with its sentence.
 
-Every limit is read from its environment variable when it is checked (so an operator, or a test, can change
-it without a restart) and refused with one sentence that says the limit and how to get under it; the same
-sentence whichever way the input came in (any endpoint of the app, the command line, Python). Limits are
-checked from headers before any pixel is decoded, and again on what was decoded, since headers can lie.
+Every limit comes from the settings (`SAPIENS2_MAX_*`, sapiens2.settings) and is refused with one sentence
+that says the limit and how to get under it; the same sentence whichever way the input came in (any endpoint
+of the app, the command line, Python). Limits are checked from headers before any pixel is decoded, and again
+on what was decoded, since headers can lie.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 
-from sapiens2.errors import ConfigError, LimitError
+from sapiens2.errors import LimitError
+from sapiens2.settings import Settings, current
 
-MEGAPIXELS_ENV = "SAPIENS2_MAX_MEGAPIXELS"
-ASPECT_ENV = "SAPIENS2_MAX_ASPECT"
-FRAME_MEGAPIXELS_ENV = "SAPIENS2_MAX_FRAME_MEGAPIXELS"
-VIDEO_FRAMES_ENV = "SAPIENS2_MAX_VIDEO_FRAMES"
-OUTPUT_MB_ENV = "SAPIENS2_MAX_OUTPUT_MB"
-JPEG_SCANS_ENV = "SAPIENS2_MAX_JPEG_SCANS"
-VIDEO_SAMPLES_ENV = "SAPIENS2_MAX_VIDEO_SAMPLES"
-
-# 24 MP takes every phone and most camera photos as they are (12 MP phones, 6000x4000 cameras); a 12 MP
-# photo runs in every tab. A 10:1 strip is wider than any panorama a phone takes in one sweep at 24 MP.
-DEFAULT_MEGAPIXELS = 24.0
-DEFAULT_ASPECT = 10.0
-DEFAULT_FRAME_MEGAPIXELS = 8.3  # 3840x2160 (4K UHD) is 8.29 megapixels
-DEFAULT_VIDEO_FRAMES = 300  # 10 s at 30 frames per second
-DEFAULT_OUTPUT_MB = 1536.0  # a 24 MP photo through All tasks writes about 1.1 GB
-# A progressive JPEG from a camera or an editor has about 10 scans, and each scan costs a pass over the whole
-# image: 23,000 scans of a 24 MP photo took 55 s to decode.
-DEFAULT_JPEG_SCANS = 100
 JPEG_SCANS_COUNTED = 100  # scans are counted up to this many times the limit, then the count stops
-# FFmpeg keeps an index entry (tens of bytes) per sample it is told of: a million is nine hours at 30 frames
-# per second, about 40 MB of index.
-DEFAULT_VIDEO_SAMPLES = 1_000_000
-
-
-def positive_setting(name: str, default: float, *, whole: bool = False) -> float:
-    """The number in environment variable `name` (above 0), or `default` when it is unset; ConfigError
-    with a sentence otherwise."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw) if whole else float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        kind = "a whole number" if whole else "a number"
-        raise ConfigError(f"{name} must be {kind} above 0, not {raw!r}.")
-    return value
+_DEFAULTS = Settings()
 
 
 @dataclass(frozen=True)
@@ -60,26 +24,26 @@ class Limits:
     video per request (app only; None: no limit), megabytes of files written per request, scans of a JPEG
     and samples in any one table of an MP4/MOV (counted before decoding)."""
 
-    megapixels: float = DEFAULT_MEGAPIXELS
-    aspect: float = DEFAULT_ASPECT
-    frame_megapixels: float = DEFAULT_FRAME_MEGAPIXELS
-    video_frames: int = DEFAULT_VIDEO_FRAMES
-    output_mb: float = DEFAULT_OUTPUT_MB
-    jpeg_scans: int = DEFAULT_JPEG_SCANS
-    video_samples: int = DEFAULT_VIDEO_SAMPLES
+    megapixels: float = _DEFAULTS.max_megapixels
+    aspect: float = _DEFAULTS.max_aspect
+    frame_megapixels: float = _DEFAULTS.max_frame_megapixels
+    video_frames: int = _DEFAULTS.max_video_frames
+    output_mb: float = _DEFAULTS.max_output_mb
+    jpeg_scans: int = _DEFAULTS.max_jpeg_scans
+    video_samples: int = _DEFAULTS.max_video_samples
 
     @classmethod
-    def from_env(cls) -> Limits:
-        """The limits from SAPIENS2_MAX_MEGAPIXELS, _ASPECT, _FRAME_MEGAPIXELS, _VIDEO_FRAMES, _OUTPUT_MB,
-        _JPEG_SCANS and _VIDEO_SAMPLES."""
+    def of(cls, settings: Settings | None = None) -> Limits:
+        """The limits `settings` give (the settings in force when None)."""
+        settings = settings or current()
         return cls(
-            megapixels=positive_setting(MEGAPIXELS_ENV, DEFAULT_MEGAPIXELS),
-            aspect=max(1.0, positive_setting(ASPECT_ENV, DEFAULT_ASPECT)),
-            frame_megapixels=positive_setting(FRAME_MEGAPIXELS_ENV, DEFAULT_FRAME_MEGAPIXELS),
-            video_frames=int(positive_setting(VIDEO_FRAMES_ENV, DEFAULT_VIDEO_FRAMES, whole=True)),
-            output_mb=positive_setting(OUTPUT_MB_ENV, DEFAULT_OUTPUT_MB),
-            jpeg_scans=int(positive_setting(JPEG_SCANS_ENV, DEFAULT_JPEG_SCANS, whole=True)),
-            video_samples=int(positive_setting(VIDEO_SAMPLES_ENV, DEFAULT_VIDEO_SAMPLES, whole=True)),
+            megapixels=settings.max_megapixels,
+            aspect=max(1.0, settings.max_aspect),
+            frame_megapixels=settings.max_frame_megapixels,
+            video_frames=settings.max_video_frames,
+            output_mb=settings.max_output_mb,
+            jpeg_scans=settings.max_jpeg_scans,
+            video_samples=settings.max_video_samples,
         )
 
     def for_frames(self) -> Limits:

@@ -7,7 +7,7 @@ HLS playlists, concat lists, SDP files, image sequences, text naming a URL. Thos
 files or network addresses, which FFmpeg would open.
 
 FFmpeg itself is then held to the same rule, in case a file that passes the check still tries: OpenCV reads
-OPENCV_FFMPEG_CAPTURE_OPTIONS at every open of a capture (a getenv in cap_ffmpeg_impl.hpp) and hands it to
+OPENCV_FFMPEG_CAPTURE_OPTIONS at every open of a capture (cap_ffmpeg_impl.hpp looks it up) and hands it to
 `avformat_open_input`; it is set once, here at import, before any capture exists, and never written again
 (so no thread ever reads it while it changes). With it FFmpeg may open local files only
 (`protocol_whitelist`), through the MOV/MP4, Matroska/WebM and AVI demuxers only (`format_whitelist`:
@@ -28,6 +28,7 @@ from pathlib import Path
 import cv2
 
 from sapiens2.errors import Sapiens2Error
+from sapiens2.settings import export
 from sapiens2.vision.files import file_problem, open_regular
 from sapiens2.vision.images import sanitize_filename
 from sapiens2.vision.limits import Limits
@@ -36,7 +37,7 @@ from sapiens2.vision.video_indexes import avi_index_problem, matroska_index_prob
 
 DEMUXERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi"
 CAPTURE_OPTIONS = f"protocol_whitelist;file|format_whitelist;{DEMUXERS}|enable_drefs;0|use_absolute_path;0"
-os.environ["OPENCV_FFMPEG_CAPTURE_OPTIONS"] = CAPTURE_OPTIONS
+export("OPENCV_FFMPEG_CAPTURE_OPTIONS", CAPTURE_OPTIONS, keep=False)
 
 ACCEPTED = "Please send an MP4, MOV, WebM, MKV or AVI video file."
 _HEAD_BYTES = 64
@@ -118,7 +119,7 @@ _INDEX_PROBLEMS = {
 def _check_indexes(file, kind: str, name: str) -> None:
     """Refuse a video whose sample tables or indexes would make FFmpeg build an index beyond the file or
     the limit."""
-    limit = Limits.from_env().video_samples
+    limit = Limits.of().video_samples
     problem = _INDEX_PROBLEMS[kind](file, limit)
     if problem:
         raise VideoError(

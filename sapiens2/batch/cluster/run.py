@@ -40,9 +40,8 @@ from sapiens2.batch.cluster.tables import (
 from sapiens2.batch.report import EXIT_NOTHING_SUCCEEDED, EXIT_OK, TASK_ERRORS, count, reason
 from sapiens2.batch.request import BatchRequest
 from sapiens2.models.hub import use_checkpoint_dir
+from sapiens2.settings import current, export
 
-# What the workers need of the command's environment: local checkpoints, limits, offline switches.
-SHARED_ENVIRONMENT = ("HF_HUB_OFFLINE", "YOLO_OFFLINE", "HF_HOME", "HF_HUB_CACHE")
 READ_WEIGHT = 0.25  # reading bytes waits on storage more than it computes
 WAIT_FOR_ACTORS_S = 900
 
@@ -131,14 +130,6 @@ class TaskRun:
     stopped: str | None = None
 
 
-def _environment() -> dict[str, str]:
-    return {
-        name: value
-        for name, value in os.environ.items()
-        if name.startswith("SAPIENS2_") or name in SHARED_ENVIRONMENT
-    }
-
-
 def _local_path(text: str | None) -> str | None:
     """A file or folder given on this machine, made absolute for workers; other names as they are."""
     return os.path.abspath(text) if text and os.path.exists(text) else text
@@ -217,7 +208,7 @@ def run(request: BatchRequest) -> int:
     started_here = not ray.is_initialized()
     if started_here:
         for name, value in RAY_DEFAULTS.items():
-            os.environ.setdefault(name, value)
+            export(name, value)
         ray.init(address=request.cluster.address or None, logging_level=logging.WARNING)
     quiet_ray_data()
     context = ray.data.DataContext.get_current()
@@ -295,7 +286,7 @@ def _run(request: BatchRequest, out: Place) -> int:
             dtype=request.dtype,
             detector=_local_path(request.detector),
             batch_size=request.batch_size,
-            environment=_environment(),
+            settings=current(),
         )
         try:
             sizing = size_stages(

@@ -27,6 +27,7 @@ from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.steps import Photo, Step, detached
 from sapiens2.runtime.runtime import Runtime
+from sapiens2.settings import Settings, install
 from sapiens2.tasks.registry import Task, get_task
 from sapiens2.vision.images import load_image
 
@@ -45,14 +46,14 @@ class Job:
     dtype: str | None
     detector: str | None
     batch_size: int
-    environment: Mapping[str, str]  # SAPIENS2_* and offline settings of the command, for every worker
+    settings: Settings  # the command's settings, for every worker
 
     @property
     def entry(self) -> Task:
         return get_task(self.task)
 
     def context(self, host: Runtime) -> PipelineContext:
-        os.environ.update(self.environment)
+        install(self.settings)
         return PipelineContext(host, self.entry, self.repo_id, self.options)
 
     def groups(self) -> list[tuple[bool, tuple[Step, ...]]]:
@@ -60,13 +61,13 @@ class Job:
 
 
 @functools.cache
-def _cpu_runtime() -> Runtime:
+def _cpu_runtime(settings: Settings) -> Runtime:
     """A worker's runtime for CPU steps: its processor settings, read once per worker, and never a model."""
-    return Runtime(device="cpu")
+    return Runtime(device="cpu", setup=settings)
 
 
 def _cpu_context(job: Job) -> PipelineContext:
-    return job.context(_cpu_runtime())
+    return job.context(_cpu_runtime(job.settings))
 
 
 ROW = ("source", "fs", "label", "directory", "stem")
@@ -155,9 +156,13 @@ class ModelStage:
         import torch
 
         self.job, self.steps = job, job.groups()[group][1]
-        os.environ.update(job.environment)
+        install(job.settings)
         self.runtime = Runtime(
-            device=job.device, dtype=job.dtype, detector=job.detector, batch_size=job.batch_size
+            device=job.device,
+            dtype=job.dtype,
+            detector=job.detector,
+            batch_size=job.batch_size,
+            setup=job.settings,
         )
         if self.runtime.device.type == "cpu":
             # Ray starts workers with one thread per reserved CPU; a model on CPUs uses the node's cores.
