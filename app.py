@@ -56,9 +56,10 @@ MODEL_WORKERS = 2
 # (sapiens2.serving.live_streams), never waits in the queue, and takes the device only one frame at a time,
 # between requests.
 LIVE_EVENTS = "live"
-LIVE_STREAMS = 4
-MAX_QUEUE = 24
-MAX_UPLOAD = "40mb"
+# The defaults of SAPIENS2_LIVE_STREAMS, SAPIENS2_MAX_QUEUE and SAPIENS2_MAX_UPLOAD_MB (sapiens2.settings).
+LIVE_STREAMS = Settings().live_streams
+MAX_QUEUE = Settings().max_queue
+MAX_UPLOAD_MB = Settings().max_upload_mb
 # Gradio deletes its copies of uploads and answers older than CACHE_LIFE seconds, every CACHE_SWEEP seconds;
 # what one client uploads is counted over the life of a file (sapiens2.serving.uploads).
 CACHE_SWEEP, CACHE_LIFE = 600, 1800
@@ -119,7 +120,7 @@ def build_app(
     hosting = hosting or zerogpu.Hosting()
     slot = DeviceSlot()
     budget = DeviceBudget()
-    streams = StreamWatch(LIVE_EVENTS, LIVE_STREAMS)
+    streams = StreamWatch(LIVE_EVENTS, settings.live_streams)
     # Gradio's usage analytics go to its makers from every server that does not say no: only when asked.
     with gr.Blocks(
         title=TITLE, delete_cache=(CACHE_SWEEP, CACHE_LIFE), analytics_enabled=settings.analytics
@@ -139,7 +140,7 @@ def build_app(
                 if hosting.live_unavailable:
                     gr.Markdown(f"### Live webcam\n{hosting.live_unavailable}", elem_id="live-note")
                 else:
-                    _live_tab(runtime, slot, streams)
+                    _live_tab(runtime, slot, streams, settings.live_streams)
         gr.Markdown(LICENCE, elem_classes="studio-note")
     demo.device_slot = slot
     demo.device_budget = budget
@@ -159,7 +160,7 @@ def launch(
     """Start the server with the app's queue limits, theme and upload cap (`settings`: the settings in force
     when None)."""
     settings = settings or current()
-    demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
+    demo.queue(max_size=settings.max_queue, default_concurrency_limit=1)
     share_the_queue(demo, MODEL_EVENTS)
     keep_files_private(demo.GRADIO_CACHE)
     quota = Middleware(UploadQuota, window=CACHE_SWEEP + CACHE_LIFE)
@@ -169,7 +170,7 @@ def launch(
         server_port=port,
         share=share,
         prevent_thread_lock=prevent_thread_lock,
-        max_file_size=MAX_UPLOAD,
+        max_file_size=f"{settings.max_upload_mb}mb",
         app_kwargs={"middleware": guards, "lifespan": _while_serving(demo)},
         # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
         enable_monitoring=settings.monitoring,
@@ -327,7 +328,7 @@ def _video_tab(
     )
 
 
-def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> None:
+def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch, places: int) -> None:
     """Webcam frames streamed through a chosen task with its smallest model, with the frame rate."""
     gr.Markdown(
         "### Live webcam\nEvery frame goes through the chosen task with its smallest model. The licence "
@@ -348,7 +349,7 @@ def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> None:
         stream_every=0.1,
         time_limit=600,
         concurrency_id=LIVE_EVENTS,
-        concurrency_limit=LIVE_STREAMS,
+        concurrency_limit=places,
         show_progress="hidden",
         api_visibility="private",
         preprocess=False,  # the frame's bytes are checked before it is decoded (sapiens2.serving.frames)

@@ -148,6 +148,15 @@ class Settings:
         POSITIVE,
         "seconds a webcam stream may send no frame before it ends",
     )
+    max_queue: int = _setting(
+        "SAPIENS2_MAX_QUEUE", 24, whole(1), "requests the app's queue holds; more are refused"
+    )
+    max_upload_mb: int = _setting(
+        "SAPIENS2_MAX_UPLOAD_MB", 40, whole(1), "mebibytes (MiB, as Gradio counts them) of one uploaded file"
+    )
+    live_streams: int = _setting(
+        "SAPIENS2_LIVE_STREAMS", 4, whole(1), "webcam streams the app serves at once"
+    )
     monitoring: bool = _setting(
         "SAPIENS2_MONITORING", False, ONE, "Gradio's monitoring pages (open to anyone)"
     )

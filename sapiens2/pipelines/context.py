@@ -14,6 +14,7 @@ from sapiens2.models.hub import display_name
 from sapiens2.models.kinds import ModelKind
 from sapiens2.outputs.results import Timings
 from sapiens2.progress import Progress
+from sapiens2.settings import Settings
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.images import LoadedImage
 from sapiens2.vision.processing import ProcessorSettings
@@ -35,7 +36,10 @@ class TaskSpec(Protocol):
 
 
 class ModelHost(Protocol):
-    """The services of the runtime that pipelines use: cached models, their settings, forwards, detection."""
+    """The services of the runtime that pipelines use: cached models, their settings, forwards, detection;
+    `setup`, the settings the runtime was given (sapiens2.settings)."""
+
+    setup: Settings
 
     def model(self, repo_id: str, progress: Progress | None = None) -> nn.Module: ...
 

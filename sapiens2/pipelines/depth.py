@@ -27,7 +27,6 @@ from sapiens2.pipelines.segment import background_masks, helper_resize_step
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import pointmap_to_image, to_hwc
 from sapiens2.vision.intrinsics import Intrinsics, fit_intrinsics, points_in_front
-from sapiens2.vision.limits import Limits
 
 OPTIONS = (
     Option(
@@ -96,7 +95,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         picture = depth_picture(planes[2], foreground)
     usable = points_in_front(planes, foreground)  # checked once for the camera and the mesh
     camera = fit_intrinsics(points, usable)
-    mesh_budget = MESH_SHARE * Limits.of().output_mb * 1e6
+    mesh_budget = MESH_SHARE * context.host.setup.max_output_mb * 1e6
     step = step_for_bytes(usable, mesh_budget)
     notes = []
     if step > 1:
