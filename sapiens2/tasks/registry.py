@@ -336,3 +336,10 @@ def get_task(name: str) -> Task:
     if isinstance(name, str) and name in TASKS:
         return TASKS[name]
     raise RequestError(f"Option 'task' must be one of {', '.join(TASKS)}, not {shown(name)}.")
+
+
+def other_names() -> dict[str, str]:
+    """The one mapping between the two vocabularies: each task's checkpoints' name (the kind in
+    `facebook/sapiens2-<kind>-<size>`: seg, normal, pointmap, pretrain) to the task's name, where they differ.
+    The package speaks of tasks; kind names appear only in repo ids and original file names."""
+    return {task.kind.name: task.name for task in TASKS.values() if task.kind.name != task.name}

@@ -55,9 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Dataset layouts:\n" + LAYOUTS.split("\n\n", 1)[1],
     )
-    names = [name for task in TASKS.values() for name in (task.name, *task.aliases)]
+    aliases = [f"{alias} for {task.name}" for task in TASKS.values() for alias in task.aliases]
     parser.add_argument(
-        "task", choices=names, help="the task to train (seg, normal and pointmap are aliases)"
+        "task",
+        choices=[name for task in TASKS.values() for name in (task.name, *task.aliases)],
+        help=f"the task to train (its checkpoints' names work too: {', '.join(aliases)})",
     )
     parser.add_argument("--data", required=True, type=Path, metavar="DIR", help="the training dataset folder")
     parser.add_argument(

@@ -152,9 +152,10 @@ def read_normals(directory: Path) -> list[DenseRecord]:
 
 def read_pointmaps(directory: Path) -> list[DenseRecord]:
     """Photos with their pointmaps or depth maps, optional masks and optional intrinsics."""
-    folder = "pointmaps" if (directory / "pointmaps").is_dir() else "depth"
+    given_points = (directory / "pointmaps").is_dir()
+    folder = "pointmaps" if given_points else "depth"
     records = _paired(directory, folder, (".npy",), mask=True, extra=("intrinsics", ".json"))
-    if folder == "depth":
+    if not given_points:
         missing = [record.target.name for record in records if record.extra is None]
         if missing:
             raise DatasetError(
