@@ -44,11 +44,7 @@ def run(args: argparse.Namespace, checkpointing: bool) -> tuple[float, float]:
     model.backbone.gradient_checkpointing = checkpointing
     optimizer, scheduler = optim.build_optimizer(model, 5e-4, 0.8, 0, 10**6, fused=device.type == "cuda")
     inputs = batch(args.task, args.batch, args.height, args.width, config.num_labels, device)
-    labels = None
-    if task.name == "segment":
-        from sapiens2.training.tasks import body_part_classes
-
-        labels = body_part_classes()
+    labels = task.recipe.default_labels(task.channels)  # the official classes' weights for segment
 
     def step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16):
