@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import pickle
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -158,3 +159,18 @@ def test_only_the_settings_module_touches_the_environment():
         for where in _touches_the_environment(path)
     ]
     assert len(ALLOWED) <= 3
+
+
+def test_every_variable_named_anywhere_is_a_setting():
+    """A variable the README, the docs or the code name is read by the settings: none undocumented, none
+    named that nothing reads."""
+    known = {entry.metadata["variable"] for entry in fields(Settings)}
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "app.py"]
+    texts += sorted((ROOT / "sapiens2").rglob("*.py"))
+    named = {
+        name
+        for path in texts
+        for name in re.findall(r"SAPIENS2_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_]*\*)", path.read_text())
+    }
+    assert named <= known, sorted(named - known)
+    assert {name for name in known if name.startswith("SAPIENS2_")} <= named
