@@ -46,11 +46,6 @@ DEFAULT_BATCH_SIZE = 8
 COMPILE_ENV = "SAPIENS2_COMPILE"
 
 
-def compile_from_env() -> bool:
-    """Whether SAPIENS2_COMPILE asks for torch.compile (1, true, yes or on)."""
-    return current().compile
-
-
 def load_compiled(repo_id: str, **kwargs: Any) -> nn.Module:
     """`hub.from_pretrained`, then torch.compile on the model in place (names and attributes unchanged).
     Compiling happens on the first forward of each input shape: tens of seconds to minutes, once."""

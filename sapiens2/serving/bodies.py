@@ -14,8 +14,6 @@ from collections.abc import Callable
 from sapiens2.serving.uploads import MB, Receive, Scope, Send, answer, declared_length
 from sapiens2.settings import current
 
-BODY_MB_ENV = "SAPIENS2_MAX_BODY_MB"
-
 
 class BodyLimit:
     """ASGI middleware: bodies of requests other than uploads are at most `limit_bytes` long."""

@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from sapiens2.errors import DeviceTimeError
 from sapiens2.settings import current
 
-REQUEST_SECONDS_ENV = "SAPIENS2_MAX_DEVICE_SECONDS"
 CLIENT_SECONDS_ENV = "SAPIENS2_DEVICE_SECONDS_PER_CLIENT"
 WINDOW = 600  # seconds over which a client's device time is counted
 FEWER = "send a shorter clip or a smaller photo, or choose a smaller model size"

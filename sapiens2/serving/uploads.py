@@ -26,9 +26,6 @@ from typing import Any
 from sapiens2.serving.disk_room import UPLOAD_REFUSED, has_room
 from sapiens2.settings import current
 
-QUOTA_MB_ENV = "SAPIENS2_UPLOAD_QUOTA_MB"
-TOTAL_MB_ENV = "SAPIENS2_UPLOAD_TOTAL_MB"
-PROXIES_ENV = "SAPIENS2_TRUSTED_PROXIES"
 MB = 1_000_000
 BUCKETS_PER_WINDOW = 240  # 10 s buckets for the app's 40 minutes
 
