@@ -12,59 +12,68 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from sapiens2.errors import ConfigError
 
-POSITIVE = "a number above 0"
-FLAG = "1, true, yes or on (0, false, no, off or empty: off)"
-ONE = "1 to turn it on (0 or empty: off)"  # the server's opt-ins, documented as =1
-TEXT = "any text"
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"", "0", "false", "no", "off"}
+
+@dataclass(frozen=True)
+class Accepts:
+    """What a setting accepts: in words (`says`), and the value of a text that fits (`value`: None when it
+    does not)."""
+
+    says: str
+    value: Callable[[str], Any]
 
 
-def whole(minimum: int) -> str:
-    """What a whole-number setting accepts."""
-    return f"a whole number of at least {minimum}"
+def _number(text: str) -> float | None:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number > 0 else None
 
 
-def _setting(variable: str, default: Any, accepts: str, meaning: str, *, shown: str | None = None) -> Any:
+def _switch(on: set[str], off: set[str]) -> Callable[[str], bool | None]:
+    return lambda text: True if text.lower() in on else False if text.lower() in off else None
+
+
+POSITIVE = Accepts("a number above 0", _number)
+FLAG = Accepts(
+    "1, true, yes or on (0, false, no or off: off)",
+    _switch({"1", "true", "yes", "on"}, {"0", "false", "no", "off"}),
+)
+ONE = Accepts("1 to turn it on (0: off)", _switch({"1"}, {"0"}))  # the server's opt-ins, documented as =1
+TEXT = Accepts("any text", str)
+
+
+def whole(minimum: int) -> Accepts:
+    """A whole number of at least `minimum`."""
+    return Accepts(
+        f"a whole number of at least {minimum}",
+        lambda text: int(text) if text.isdecimal() and int(text) >= minimum else None,
+    )
+
+
+def _setting(variable: str, default: Any, accepts: Accepts, meaning: str, *, shown: str | None = None) -> Any:
     """A field of `Settings` read from `variable`; `shown` is the default as the table says it."""
     metadata = {"variable": variable, "accepts": accepts, "meaning": meaning, "shown": shown}
     return field(default=default, metadata=metadata)
 
 
-def parse(variable: str, raw: str, accepts: str) -> Any:
-    """The value of `raw` as `accepts` describes it (the empty text is unset: None); ConfigError naming
-    `variable` and what it accepts otherwise."""
+def parse(variable: str, raw: str, accepts: Accepts) -> Any:
+    """The value of `raw` (None for empty text: unset, the default holds); ConfigError naming `variable` and
+    what it accepts when `raw` does not fit."""
     text = raw.strip()
-    if accepts == FLAG:
-        if text.lower() in _TRUE | _FALSE:
-            return text.lower() in _TRUE
-    elif accepts == ONE:
-        if text in {"", "0", "1"}:
-            return text == "1"
-    elif not text:
+    if not text:
         return None
-    elif accepts == TEXT:
-        return text
-    elif accepts == POSITIVE:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value) and value > 0:
-            return value
-    elif accepts.startswith(whole(0)[:-1]):
-        minimum = int(accepts.rsplit(" ", 1)[1])
-        if text.isdecimal() and int(text) >= minimum:
-            return int(text)
-    else:
-        raise ValueError(f"no parser for {accepts!r}")
-    raise ConfigError(f"{variable} must be {accepts}, not {raw!r}.")
+    value = accepts.value(text)
+    if value is None:
+        raise ConfigError(f"{variable} must be {accepts.says}, not {raw!r}.")
+    return value
 
 
 @dataclass(frozen=True)
@@ -238,7 +247,9 @@ def table() -> list[tuple[str, str, str, str]]:
         default = shown if shown is not None else entry.default
         default = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
         text = f"{default:g}" if isinstance(default, float) else str(default)
-        rows.append((entry.metadata["variable"], text, entry.metadata["accepts"], entry.metadata["meaning"]))
+        rows.append(
+            (entry.metadata["variable"], text, entry.metadata["accepts"].says, entry.metadata["meaning"])
+        )
     return rows
 
 

@@ -41,15 +41,17 @@ def test_a_whole_number_with_its_minimum():
 def test_a_switch_says_on_or_off_and_nothing_else():
     for on in ("1", "true", "Yes", " ON "):
         assert parse("SAPIENS2_COMPILE", on, FLAG) is True
-    for off in ("", "0", "false", "No", "off"):
+    for off in ("0", "false", "No", "off"):
         assert parse("SAPIENS2_COMPILE", off, FLAG) is False
+    assert parse("SAPIENS2_COMPILE", "", FLAG) is None and not Settings.read({"SAPIENS2_COMPILE": ""}).compile
     with pytest.raises(ConfigError, match=r"SAPIENS2_COMPILE must be 1, true, yes or on .*not 'maybe'"):
         parse("SAPIENS2_COMPILE", "maybe", FLAG)
 
 
 def test_an_opt_in_takes_1_and_refuses_a_word():
     assert parse("SAPIENS2_WARM_HEAP", "1", ONE) is True
-    assert parse("SAPIENS2_WARM_HEAP", "0", ONE) is parse("SAPIENS2_WARM_HEAP", "", ONE) is False
+    assert parse("SAPIENS2_WARM_HEAP", "0", ONE) is False
+    assert Settings.read({"SAPIENS2_WARM_HEAP": " "}) == Settings()
     with pytest.raises(ConfigError, match="SAPIENS2_WARM_HEAP must be 1 to turn it on"):
         parse("SAPIENS2_WARM_HEAP", "yes", ONE)
 
@@ -128,6 +130,10 @@ def test_every_setting_is_documented_in_one_table():
     variables = [entry.metadata["variable"] for entry in fields(Settings)]
     assert len(variables) == len(set(variables))
     assert all(entry.metadata["meaning"] for entry in fields(Settings))
+    for entry in fields(Settings):  # each default is a value its own parser gives, or None (the table says)
+        default = entry.default
+        text = "1" if default is True else "0" if default is False else str(default)
+        assert default is None or entry.metadata["accepts"].value(text) == default, entry.name
 
 
 def _touches_the_environment(path: Path) -> list[str]:
