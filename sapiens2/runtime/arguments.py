@@ -39,7 +39,8 @@ def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGr
         "--checkpoint-dir",
         type=Path,
         metavar="DIR",
-        help=f"local checkpoints: DIR/<repo id>/config.json + model.safetensors (sets {CHECKPOINT_DIR_ENV})",
+        help="local checkpoints: DIR/<repo id>/config.json + model.safetensors "
+        f"(default: ${CHECKPOINT_DIR_ENV})",
     )
     parser.add_argument(
         "--detector",

@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-dir",
         type=Path,
         metavar="DIR",
-        help=f"local checkpoints: a --model repo id is read from DIR/<repo id>/ before the Hub (sets "
-        f"{CHECKPOINT_DIR_ENV})",
+        help=f"local checkpoints: a --model repo id is read from DIR/<repo id>/ before the Hub (default: "
+        f"${CHECKPOINT_DIR_ENV})",
     )
     parser.add_argument(
         "--out", required=True, type=Path, metavar="DIR", help="where checkpoints and logs go"
