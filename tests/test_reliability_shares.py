@@ -13,6 +13,7 @@ import json
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,8 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from test_reliability_attacks import PeakMemory, report, slow_forward, wait_for
 from test_reliability_battery import check_sentence, upload
+
+import app
 
 SHARES = {"SAPIENS2_TRUSTED_PROXIES": "1", "SAPIENS2_MAX_QUEUED_PER_CLIENT": "2"}
 
@@ -154,6 +157,39 @@ def test_one_client_holds_at_most_its_share_of_the_queue(server):
     )
     print(f"\n[figure] another visitor was taken in {visitor_waited:.2f} s")
     report("6 calls on one upload from one client (the 4 refused)", memory)
+
+
+def test_the_direct_routes_answer_no_model_event_outside_the_queue(server):
+    # Off a Space, Gradio answered /run/<name> and /api/<name> directly: twelve /run/features calls from one
+    # address all ran at once, outside the queue, its shares and the device time.
+    photo = upload(server.url, PHOTOS[0].read_bytes(), "photo.jpg")
+    model_events = [fn for fn in server.demo.fns.values() if fn.concurrency_id == app.MODEL_EVENTS]
+    assert {"features", "all", "video"} <= {fn.api_name for fn in model_events}
+    live = next(fn for fn in server.demo.fns.values() if fn.concurrency_id == app.LIVE_EVENTS)
+    attempts = [
+        (f"gradio_api/{route}/{fn.api_name}{slash}", {"data": [photo, "0.1b"]})
+        for fn in model_events
+        for route in ("run", "api")
+        for slash in ("", "/")
+    ]
+    attempts += [  # any event by its index, under any name
+        (f"gradio_api/run/{name}", {"data": [photo, "0.1b"], "fn_index": fn._id, "session_hash": "direct"})
+        for fn in [*model_events, live]
+        for name in ("predict", "features")
+    ]
+    headers = {"x-forwarded-for": "198.51.100.40"}
+    with slow_forward(server, 0.0) as forward, PeakMemory() as memory:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
+            with ThreadPoolExecutor(12) as pool:
+                answers = list(pool.map(lambda attempt: http.post(attempt[0], json=attempt[1]), attempts))
+        picture, *_ = client_at(server, "198.51.100.41").predict(
+            handle_file(str(PHOTOS[0])), api_name="/features"
+        )
+    assert {response.status_code for response in answers} == {404}
+    assert "Please join the queue to use this API" in answers[0].json()["detail"]
+    assert forward.calls == 1  # the visitor's, through the queue
+    assert Path(picture).is_file()
+    report(f"{len(attempts)} direct calls of the model events, then a visitor", memory)
 
 
 def flood_index(server) -> int:
