@@ -27,6 +27,7 @@ from sapiens2.runtime.warm_heap import keep_freed_memory
 from sapiens2.serving import components, handlers, zerogpu
 from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.components import FIRST_TASK
+from sapiens2.serving.connections import ConnectionGuard, check_guarded, guarded_connections
 from sapiens2.serving.device_slot import DeviceSlot
 from sapiens2.serving.device_time import DeviceBudget
 from sapiens2.serving.live_streams import StreamWatch
@@ -158,19 +159,24 @@ def launch(
     keep_files_private(demo.GRADIO_CACHE)
     quota = Middleware(UploadQuota, window=CACHE_SWEEP + CACHE_LIFE)
     guards = [Middleware(BodyLimit), quota]
-    return demo.launch(
-        server_name=host,
-        server_port=port,
-        share=share,
-        prevent_thread_lock=prevent_thread_lock,
-        max_file_size=MAX_UPLOAD,
-        app_kwargs={"middleware": guards, "lifespan": _while_serving(demo)},
-        # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
-        enable_monitoring=os.environ.get(MONITORING_ENV, "").strip() == "1",
-        theme=THEME,
-        css=CSS,
-        js=PAGE_JS,
-    )
+    with guarded_connections(ConnectionGuard.from_env()) as protocol:
+        launched = demo.launch(
+            server_name=host,
+            server_port=port,
+            share=share,
+            prevent_thread_lock=True,  # the server is checked below, then waited for
+            max_file_size=MAX_UPLOAD,
+            app_kwargs={"middleware": guards, "lifespan": _while_serving(demo)},
+            # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
+            enable_monitoring=os.environ.get(MONITORING_ENV, "").strip() == "1",
+            theme=THEME,
+            css=CSS,
+            js=PAGE_JS,
+        )
+    check_guarded(demo.server, protocol)
+    if not prevent_thread_lock:
+        demo.block_thread()
+    return launched
 
 
 def _while_serving(demo: gr.Blocks) -> Callable:
