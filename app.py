@@ -34,7 +34,7 @@ from sapiens2.serving.live_streams import StreamWatch
 from sapiens2.serving.private_files import keep_files_private
 from sapiens2.serving.queue_share import share_the_queue
 from sapiens2.serving.requests import cancellable
-from sapiens2.serving.scratch import ScratchSpace
+from sapiens2.serving.scratch import ScratchSpace, drop_after_copy
 from sapiens2.serving.shutdown import exit_cleanly_on_signals
 from sapiens2.serving.uploads import UploadQuota
 from sapiens2.tasks import ALL_TASKS, TASKS, Task
@@ -139,6 +139,7 @@ def build_app(
                 else:
                     _live_tab(runtime, slot, streams)
         gr.Markdown(LICENCE, elem_classes="studio-note")
+    drop_after_copy(demo, scratch)
     demo.device_slot = slot
     demo.device_budget = budget
     demo.stream_watch = streams
