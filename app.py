@@ -27,13 +27,14 @@ from sapiens2.runtime.warm_heap import keep_freed_memory
 from sapiens2.serving import components, handlers, zerogpu
 from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.components import FIRST_TASK
+from sapiens2.serving.connections import ConnectionGuard, check_guarded, guarded_connections
 from sapiens2.serving.device_slot import DeviceSlot
 from sapiens2.serving.device_time import DeviceBudget
 from sapiens2.serving.live_streams import StreamWatch
 from sapiens2.serving.private_files import keep_files_private
 from sapiens2.serving.queue_share import share_the_queue
 from sapiens2.serving.requests import cancellable
-from sapiens2.serving.scratch import ScratchSpace
+from sapiens2.serving.scratch import ScratchSpace, drop_after_copy
 from sapiens2.serving.shutdown import exit_cleanly_on_signals
 from sapiens2.serving.uploads import UploadQuota
 from sapiens2.settings import Settings, current, install
@@ -142,6 +143,7 @@ def build_app(
                 else:
                     _live_tab(runtime, slot, streams, settings.live_streams)
         gr.Markdown(LICENCE, elem_classes="studio-note")
+    drop_after_copy(demo, scratch)
     demo.device_slot = slot
     demo.device_budget = budget
     demo.stream_watch = streams
@@ -165,19 +167,24 @@ def launch(
     keep_files_private(demo.GRADIO_CACHE)
     quota = Middleware(UploadQuota, window=CACHE_SWEEP + CACHE_LIFE)
     guards = [Middleware(BodyLimit), quota]
-    return demo.launch(
-        server_name=host,
-        server_port=port,
-        share=share,
-        prevent_thread_lock=prevent_thread_lock,
-        max_file_size=f"{settings.max_upload_mb}mb",
-        app_kwargs={"middleware": guards, "lifespan": _while_serving(demo)},
-        # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
-        enable_monitoring=settings.monitoring,
-        theme=THEME,
-        css=CSS,
-        js=PAGE_JS,
-    )
+    with guarded_connections(ConnectionGuard.of(settings)) as protocol:
+        launched = demo.launch(
+            server_name=host,
+            server_port=port,
+            share=share,
+            prevent_thread_lock=True,  # the server is checked below, then waited for
+            max_file_size=f"{settings.max_upload_mb}mb",
+            app_kwargs={"middleware": guards, "lifespan": _while_serving(demo)},
+            # Gradio's monitoring pages answer anyone who asks, without a key: only when asked for.
+            enable_monitoring=settings.monitoring,
+            theme=THEME,
+            css=CSS,
+            js=PAGE_JS,
+        )
+    check_guarded(demo.server, protocol)
+    if not prevent_thread_lock:
+        demo.block_thread()
+    return launched
 
 
 def _while_serving(demo: gr.Blocks) -> Callable:

@@ -6,10 +6,10 @@ minimum and median load and load+touch times (wall, and CPU time of all threads,
 disturb less), the peak resident memory the load alone added (as a multiple of the loaded model's own
 size; the touch's float32 sums come after it) and the ratios of the medians.
 
-The touch sums every weight in slices of 1M elements. A whole-tensor bf16 sum takes a slower reduction path in
-torch for tensors of about 8M elements and more (1.1 ns per element against 0.3-0.6 below), so summing whole
-tensors would time how the weights happen to be grouped (a fused feed-forward weight is one such tensor) rather
-than reading them.
+The touch sums every weight in slices of 1M elements. A whole-tensor bf16 sum takes a slower reduction path
+in torch for tensors of about 8M elements and more (1.1 ns per element against 0.3-0.6 below), so summing
+whole tensors would time how the weights happen to be grouped (a fused feed-forward weight is one such
+tensor) rather than reading them.
 
     python bench/bench_load_cpu.py [--layers 8] [--repeats 3]
 """

@@ -148,6 +148,34 @@ class Settings:
         whole(1),
         "seconds of model work one client may use in 10 minutes",
     )
+    header_seconds: float = _setting(
+        "SAPIENS2_HEADER_SECONDS", 10.0, POSITIVE, "seconds a connection may take to send a request's headers"
+    )
+    connections_per_client: int = _setting(
+        "SAPIENS2_CONNECTIONS_PER_CLIENT",
+        32,
+        whole(1),
+        "connections one address may hold (a browser opens about 6; off behind trusted proxies)",
+    )
+    max_connections: int | None = _setting(
+        "SAPIENS2_MAX_CONNECTIONS",
+        None,
+        whole(1),
+        "connections the server holds in all",
+        shown="the file-descriptor limit less 256",
+    )
+    scratch_mb: int = _setting(
+        "SAPIENS2_SCRATCH_MB", 4000, whole(1), "megabytes of answers being written at once, for everyone"
+    )
+    answer_quota_mb: int = _setting(
+        "SAPIENS2_ANSWER_QUOTA_MB", 3000, whole(1), "megabytes of answers one client may get over 40 minutes"
+    )
+    answer_total_mb: int = _setting(
+        "SAPIENS2_ANSWER_TOTAL_MB",
+        12000,
+        whole(1),
+        "megabytes of answers everyone together may get over 40 minutes",
+    )
     max_body_mb: int = _setting(
         "SAPIENS2_MAX_BODY_MB", 8, whole(1), "megabytes of a request body other than an upload"
     )

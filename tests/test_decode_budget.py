@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+import zlib
 from pathlib import Path
 
 import cv2
@@ -71,6 +72,135 @@ def test_ordinary_mp4s_still_open(tmp_path: Path) -> None:
     path = write_video(tmp_path / "clip.mp4", 5, (64, 48), 10.0)
     with checked_video(path) as name:
         assert name
+
+
+# ---- MP4/MOV: what FFmpeg would index for the whole file, compressed movie headers included ---------------
+
+FTYP = box(b"ftyp", b"isom\x00\x00\x02\x00isomiso2mp41")
+
+
+def track(samples: int, media_edits: int = 0, empty_edits: int = 0) -> bytes:
+    """A trak whose tables claim `samples` one-byte samples, with an edit list of `media_edits` edits that
+    show them (and `empty_edits` that show nothing)."""
+    stbl = box(
+        b"stbl",
+        box(b"stts", struct.pack(">IIII", 0, 1, samples, 1))
+        + box(b"stsz", struct.pack(">III", 0, 1, samples)),
+    )
+    edits = [(1000, 0, 1 << 16)] * media_edits + [(1000, -1, 1 << 16)] * empty_edits
+    elst = struct.pack(">II", 0, len(edits)) + b"".join(struct.pack(">IiI", *edit) for edit in edits)
+    edts = box(b"edts", box(b"elst", elst)) if edits else b""
+    return box(b"trak", edts + box(b"mdia", box(b"minf", stbl)))
+
+
+def mp4(moov_body: bytes, payload: int = 4096) -> bytes:
+    return FTYP + box(b"moov", moov_body) + box(b"mdat", b"\x00" * payload)
+
+
+def compressed(moov_body: bytes, claimed: int | None = None) -> bytes:
+    """A movie header compressed as QuickTime does it: moov/cmov holding dcom ('zlib') and cmvd (the
+    inflated size, then the zlib stream of a whole moov box)."""
+    inner = box(b"moov", moov_body)
+    size = len(inner) if claimed is None else claimed
+    return box(
+        b"cmov", box(b"dcom", b"zlib") + box(b"cmvd", struct.pack(">I", size) + zlib.compress(inner, 9))
+    )
+
+
+def fragments(runs: int, samples: int) -> bytes:
+    trun = box(b"trun", struct.pack(">II", 0, samples))
+    return b"".join(box(b"moof", box(b"traf", trun)) for _ in range(runs))
+
+
+@pytest.mark.parametrize(
+    "name, data, expected",
+    [
+        # 85 million samples behind zlib: a 300-byte upload cost FFmpeg +2.85 GiB
+        (
+            "hidden.mov",
+            mp4(compressed(track(85_000_000))),
+            "claims 85000000 samples, more than a file of",
+        ),
+        (
+            "claims_4gb.mov",
+            mp4(compressed(b"", claimed=2**32 - 1)),
+            "unpacks to more than this server's limit",
+        ),
+        (
+            "bomb.mov",
+            mp4(
+                box(
+                    b"cmov",
+                    box(b"dcom", b"zlib")
+                    + box(b"cmvd", struct.pack(">I", 64) + zlib.compress(bytes(17 * 2**20), 9)),
+                )
+            ),
+            "unpacks to more than this server's limit",
+        ),
+        (
+            "not_zlib.mov",
+            mp4(box(b"cmov", box(b"dcom", b"lzma") + box(b"cmvd", b"\x00" * 8))),
+            "compressed in a way",
+        ),
+        (
+            "broken_zlib.mov",
+            mp4(box(b"cmov", box(b"dcom", b"zlib") + box(b"cmvd", struct.pack(">I", 64) + b"junk" * 4))),
+            "cannot be unpacked",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) and "." in value[-5:] else "file",
+)
+def test_a_compressed_movie_header_is_inflated_within_bounds_and_checked(tmp_path, name, data, expected):
+    message = refusal(tmp_path, name, data)
+    assert expected in message and message.endswith("and try again.")
+
+
+@pytest.mark.parametrize(
+    "name, moov_body, expected",
+    [
+        ("two_tracks.mp4", track(600) * 2, "claims 1200 samples in its tracks"),
+        ("ten_tracks.mp4", track(101) * 10, "claims 1010 samples in its tracks"),
+        ("replayed.mp4", track(300, media_edits=4), "claims 1200 samples in its tracks"),
+        ("compressed_tracks.mov", compressed(track(400) * 3), "claims 1200 samples in its tracks"),
+        ("fragments.mp4", track(10) + fragments(3, 400), "samples in its tables and fragments"),
+        ("many_tracks.mp4", track(1) * 65, "it holds 65 tracks, above this server's limit of 64"),
+    ],
+    ids=lambda value: value if isinstance(value, str) and "." in value[-5:] else "file",
+)
+def test_an_mp4_is_bounded_by_what_the_whole_file_claims(tmp_path, monkeypatch, name, moov_body, expected):
+    # Every table of these files is within the limit; the file as a whole is not.
+    monkeypatch.setenv("SAPIENS2_MAX_VIDEO_SAMPLES", "1000")
+    message = refusal(tmp_path, name, mp4(moov_body))
+    assert expected in message and "above this server's limit of" in message
+
+
+def test_tracks_edits_and_compressed_headers_within_the_limits_pass_the_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAPIENS2_MAX_VIDEO_SAMPLES", "1000")
+    for index, moov_body in enumerate(
+        [track(300) * 3, track(300, media_edits=3, empty_edits=50), compressed(track(500) * 2), track(1) * 64]
+    ):
+        path = tmp_path / f"fits{index}.mp4"
+        path.write_bytes(mp4(moov_body))
+        with checked_video(path) as name:
+            assert name
+
+
+def test_an_mp4_with_an_edit_list_and_a_compressed_header_still_runs(tmp_path):
+    # A real clip whose movie header is moved into a cmov: the check inflates it and FFmpeg still reads it.
+    clip = write_video(tmp_path / "clip.mp4", 5, (64, 48), 10.0).read_bytes()
+    start = clip.index(b"moov") - 4
+    (size,) = struct.unpack(">I", clip[start : start + 4])
+    if clip[start + size :]:
+        pytest.skip("the writer put the movie header before the samples")
+    path = tmp_path / "cmov.mov"
+    path.write_bytes(clip[:start] + box(b"moov", compressed(clip[start + 8 : start + size])))
+    with checked_video(path) as name:
+        capture = open_capture(name, "cmov.mov")
+        frames = 0
+        while capture.read()[0] and frames < 10:
+            frames += 1
+        capture.release()
+    assert frames == 5
 
 
 # ---- Matroska/WebM and AVI: their indexes are checked like an MP4's sample tables -----------------------
@@ -171,6 +301,24 @@ def test_matroska_and_avi_indexes_above_the_limit_are_refused(tmp_path, monkeypa
     )
     movi = avi(riff(b"LIST", b"movi" + riff(b"00dc", b"") * 1001))
     assert "more than 1000 chunks (frames) in its movi list" in refusal(tmp_path, "d.avi", movi)
+
+
+def test_matroska_and_avi_indexes_are_bounded_for_the_whole_file(tmp_path, monkeypatch):
+    # Each index within the limit, the file's indexes together above it; tracks beyond the limit.
+    monkeypatch.setenv("SAPIENS2_MAX_VIDEO_SAMPLES", "1000")
+    two_cues = matroska(ebml(CUES, b"\xbb\x80" * 600), ebml(CUES, b"\xbb\x80" * 600))
+    assert "more than 1000 Cues entries" in refusal(tmp_path, "a.webm", two_cues)
+    positions = ebml(0xBB, ebml(0xB3, b"\x00") + ebml(0xB7, ebml(0xF7, b"\x01")) * 40)
+    assert "more than 1000 Cues entries" in refusal(tmp_path, "b.webm", matroska(ebml(CUES, positions * 30)))
+    tracks = matroska(ebml(0x1654AE6B, ebml(0xAE, ebml(0xD7, b"\x01")) * 65))
+    assert "it holds 65 tracks, above this server's limit of 64" in refusal(tmp_path, "c.webm", tracks)
+    indexes = avi(
+        riff(b"idx1", b"\x00" * 16 * 600),
+        riff(b"LIST", b"strl" + riff(b"indx", struct.pack("<HBBI", 2, 0, 1, 600) + b"\x00" * (16 + 600 * 8))),
+    )
+    assert "1200 entries in its index chunks together" in refusal(tmp_path, "d.avi", indexes)
+    streams = avi(*[riff(b"LIST", b"strl" + riff(b"strh", b"\x00" * 56))] * 65)
+    assert "it holds 65 tracks" in refusal(tmp_path, "e.avi", streams)
 
 
 @pytest.mark.parametrize("suffix, fourcc", [(".webm", "VP80"), (".avi", "MJPG")])

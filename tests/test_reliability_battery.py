@@ -277,14 +277,23 @@ def test_nothing_sent_gets_a_sentence(client):
 
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES)
-def test_an_upload_name_never_builds_a_path(server, name):
+def test_an_upload_name_never_builds_a_path(server, name, monkeypatch):
+    seen: dict[str, list[str]] = {}
+    release = server.scratch.release
+
+    def recording_release(paths):  # the request's folder is deleted once Gradio has its copy: look first
+        for folder in server.scratch.folders():
+            seen[""] = sorted(path.name for path in folder.iterdir() if path.is_file())
+            seen["shown"] = [path.name for path in (folder / "shown").iterdir()]
+        release(paths)
+
+    monkeypatch.setattr(server.scratch, "release", recording_release)
     event, outputs = call(server.url, "features", [upload(server.url, GOOD_PHOTO.read_bytes(), name), "0.1b"])
     assert event == "complete"
-    folder = server.scratch.folders()[-1]
-    written = sorted(path.name for path in folder.iterdir() if path.is_file())
+    written = seen[""]
     offered = sorted(Path(item["path"]).name for item in outputs[3])
     assert written == offered and len(written) == 2
-    shown = [path.name for path in (folder / "shown").iterdir()]
+    shown = seen["shown"]
     assert shown == [Path(outputs[0]["path"]).name]
     for file_name in written + shown:
         assert re.fullmatch(r"\w[\w.-]*_(cls\.npy|patches\.npy|features_pca\.png)", file_name), file_name

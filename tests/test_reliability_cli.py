@@ -8,6 +8,7 @@ import contextlib
 import io
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import unicodedata
@@ -36,11 +37,13 @@ def awkward_folder(tmp_path) -> Path:
     return folder
 
 
-def run_cli_process(*argv, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli_process(
+    *argv, environ: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """`python -m sapiens2 ...` in its own process (a hang ends at the timeout, not the test run)."""
     command = [sys.executable, "-m", "sapiens2", *map(os.fsdecode, argv)]
     env = {**os.environ, **(environ or {})}
-    return subprocess.run(command, cwd=ROOT, capture_output=True, timeout=300, env=env)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, timeout=timeout, env=env)
 
 
 def test_fifos_devices_and_loops_of_links_are_reported_and_the_rest_runs(
@@ -163,3 +166,94 @@ def test_output_names_are_kept_unless_they_clash_and_then_depend_on_the_input_al
     assert places[3] != places[4] and all(stem.startswith("a-") for _, stem in places[3:])
     alone_with_a_third = output_places([(("a.jpg",), "/y/a.jpg"), (("a.jpg",), "/w/a.jpg")])
     assert alone_with_a_third[0] == places[4]  # its name comes from its own path, not from its neighbours
+
+
+# ---- sapiens2 train on folders holding pipes and devices, and stopped while it loads ---------------------
+
+
+@pytest.fixture(scope="module")
+def training_workspace(tmp_path_factory) -> Path:
+    """A tiny segmentation and pose dataset and a tiny checkpoint of each task."""
+    from test_training import trainable_checkpoint
+    from tiny_datasets import WRITERS
+
+    root = tmp_path_factory.mktemp("train")
+    for task in ("segment", "pose"):
+        WRITERS[task](root / f"{task}_data", count=2)
+        trainable_checkpoint(root / f"{task}_model", task)
+    return root
+
+
+def train_arguments(workspace: Path, task: str, data: Path, out: Path) -> list:
+    return [
+        "train", task, "--data", data, "--model", workspace / f"{task}_model", "--out", out, "--steps", "2",
+        "--batch-size", "2", "--input-size", "64x48", "--new-labels", "--workers", "0", "--no-progress",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "task, special, expected",
+    [
+        ("segment", "images/photo_1.png", "'photo_1.png' is a named pipe (FIFO), not a regular file."),
+        ("segment", "masks/photo_0.png", "'photo_0.png' is a named pipe (FIFO), not a regular file."),
+        ("segment", "classes.json", "'classes.json' is a named pipe (FIFO), not a regular file."),
+        ("pose", "images/person_0.png", "'person_0.png' is a named pipe (FIFO), not a regular file."),
+        (
+            "segment",
+            "images/photo_0.png->/dev/zero",
+            "'photo_0.png' is a character device, not a regular file.",
+        ),
+    ],
+)
+def test_train_refuses_pipes_and_devices_in_its_data_at_once(
+    training_workspace, tmp_path, task, special, expected
+):
+    # A FIFO among the photos blocked `sapiens2 train` in open() for good (still there after 21 minutes).
+    data = tmp_path / "data"
+    shutil.copytree(training_workspace / f"{task}_data", data)
+    name, _, target = special.partition("->")
+    place = data / name
+    place.unlink()
+    os.symlink(target, place) if target else os.mkfifo(place)
+    done = run_cli_process(*train_arguments(training_workspace, task, data, tmp_path / "out"), timeout=120)
+    printed = done.stderr.decode()
+    assert done.returncode == 1, printed[-2000:]
+    assert expected in printed and "Traceback" not in printed
+
+
+# Reads that never return (a file on a hung network mount) stand in as a read that waits for ever once the
+# run reaches it; the test then sends the signal.
+HANGING_READ = """
+import sys, time
+from sapiens2.training import cli, datasets
+def hanging(path):
+    print("reading", flush=True)
+    time.sleep(3600)
+datasets.read_file = hanging
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("task", ["pose", "segment"])  # pose reads photo sizes up front, segment per batch
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_train_loads_ends_it_at_once(training_workspace, tmp_path, task, number):
+    arguments = train_arguments(
+        training_workspace, task, training_workspace / f"{task}_data", tmp_path / "out"
+    )
+    command = [
+        sys.executable,
+        "-c",
+        HANGING_READ,
+        *map(os.fsdecode, arguments[1:]),
+    ]  # cli.main takes no "train"
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        try:
+            assert process.stdout.readline() == b"reading\n", process.stderr.read().decode()[-2000:]
+            process.send_signal(number)
+            status = process.wait(timeout=60)
+        finally:
+            process.kill()
+        printed = process.stderr.read().decode()
+    assert status == 1, printed[-2000:]
+    assert f"sapiens2 train: stopped by {signal.Signals(number).name} while loading" in printed
+    assert "Traceback" not in printed

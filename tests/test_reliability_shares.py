@@ -13,6 +13,7 @@ import json
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,9 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from test_reliability_attacks import PeakMemory, report, slow_forward, wait_for
 from test_reliability_battery import check_sentence, upload
+
+import app
+from sapiens2.serving.scratch import AnswerLedger
 
 SHARES = {"SAPIENS2_TRUSTED_PROXIES": "1", "SAPIENS2_MAX_QUEUED_PER_CLIENT": "2"}
 
@@ -154,6 +158,75 @@ def test_one_client_holds_at_most_its_share_of_the_queue(server):
     )
     print(f"\n[figure] another visitor was taken in {visitor_waited:.2f} s")
     report("6 calls on one upload from one client (the 4 refused)", memory)
+
+
+def test_the_direct_routes_answer_no_model_event_outside_the_queue(server):
+    # Off a Space, Gradio answered /run/<name> and /api/<name> directly: twelve /run/features calls from one
+    # address all ran at once, outside the queue, its shares and the device time.
+    photo = upload(server.url, PHOTOS[0].read_bytes(), "photo.jpg")
+    model_events = [fn for fn in server.demo.fns.values() if fn.concurrency_id == app.MODEL_EVENTS]
+    assert {"features", "all", "video"} <= {fn.api_name for fn in model_events}
+    live = next(fn for fn in server.demo.fns.values() if fn.concurrency_id == app.LIVE_EVENTS)
+    attempts = [
+        (f"gradio_api/{route}/{fn.api_name}{slash}", {"data": [photo, "0.1b"]})
+        for fn in model_events
+        for route in ("run", "api")
+        for slash in ("", "/")
+    ]
+    attempts += [  # any event by its index, under any name
+        (f"gradio_api/run/{name}", {"data": [photo, "0.1b"], "fn_index": fn._id, "session_hash": "direct"})
+        for fn in [*model_events, live]
+        for name in ("predict", "features")
+    ]
+    headers = {"x-forwarded-for": "198.51.100.40"}
+    with slow_forward(server, 0.0) as forward, PeakMemory() as memory:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
+            with ThreadPoolExecutor(12) as pool:
+                answers = list(pool.map(lambda attempt: http.post(attempt[0], json=attempt[1]), attempts))
+        picture, *_ = client_at(server, "198.51.100.41").predict(
+            handle_file(str(PHOTOS[0])), api_name="/features"
+        )
+    assert {response.status_code for response in answers} == {404}
+    assert "Please join the queue to use this API" in answers[0].json()["detail"]
+    assert forward.calls == 1  # the visitor's, through the queue
+    assert Path(picture).is_file()
+    report(f"{len(attempts)} direct calls of the model events, then a visitor", memory)
+
+
+def test_what_a_client_s_answers_write_is_counted_and_the_scratch_folders_go_once_copied(server, monkeypatch):
+    # Before: one 80 KB flat PNG made /depth write 1092 MB (the scratch copy and Gradio's), the scratch
+    # root kept its newest 64 request folders whatever their size, and two such requests filled a disk.
+    photo = upload(server.url, PHOTOS[0].read_bytes(), "photo.jpg")
+    first = call(server.url, "features", [photo, "0.1b"], "198.51.100.50")
+    assert answer(server.url, "features", first.json()["event_id"])[0] == "complete"
+    one_answer, _ = server.scratch.ledger.used("198.51.100.50")
+    assert one_answer > 0 and server.scratch.folders() == []  # Gradio has its copy: the folder went
+    quota = int(2.5 * one_answer)  # room for two such answers per client
+    monkeypatch.setattr(server.scratch, "ledger", AnswerLedger(quota, 100 * quota, 2400.0))
+    with PeakMemory() as memory:
+        outcomes = []
+        for _ in range(3):
+            queued = call(server.url, "features", [photo, "0.1b"], "198.51.100.51")
+            outcomes.append(answer(server.url, "features", queued.json()["event_id"]))
+        visitor = call(server.url, "features", [photo, "0.1b"], "198.51.100.52")
+        visited = answer(server.url, "features", visitor.json()["event_id"])
+    assert [event for event, _ in outcomes] == ["complete", "complete", "error"]
+    message = outcomes[2][1]["error"]
+    check_sentence(message)
+    assert message.startswith("The results were not kept: with them, your results of the last 40 minutes")
+    assert f"this server's limit of {quota / 1e6:.0f} MB per person" in message
+    assert visited[0] == "complete"
+    assert server.scratch.folders() == [] and server.scratch.size_bytes() == 0
+    report(f"3 /features answers of {one_answer / 1e6:.1f} MB from one client with a quota of two", memory)
+
+
+def test_answers_being_written_are_bounded_together(server, monkeypatch):
+    monkeypatch.setattr(server.scratch, "max_bytes", 1000)  # less than any answer: every answer is refused
+    photo = upload(server.url, PHOTOS[0].read_bytes(), "photo.jpg")
+    queued = call(server.url, "features", [photo, "0.1b"], "198.51.100.53")
+    event, data = answer(server.url, "features", queued.json()["event_id"])
+    assert event == "error" and "space for results being written is full just now" in str(data)
+    assert server.scratch.folders() == []
 
 
 def flood_index(server) -> int:

@@ -7,6 +7,12 @@ running, are counted from the queue itself, so a request is counted exactly unti
 One more is refused at once with HTTP 429 and a sentence. A client is its address, as the upload quota
 counts it (`SAPIENS2_TRUSTED_PROXIES`). Gradio has no public hook there: `share_the_queue` checks, when it
 is installed, that the queue still has the parts it counts, and fails loudly if not.
+
+Gradio also answers queued events directly, outside the queue, on /gradio_api/run/<name> and
+/gradio_api/api/<name> (by name, or any event by its `fn_index`) whenever the app does not run on a Space:
+such a call skips the queue's size, this share, the concurrency group and the device time. Those routes
+are closed to every queued event (Gradio's `api_open`, as on a Space: HTTP 404 and its sentence), and every
+model event must be queued, so each one reaches the model through `push`, whatever the route.
 """
 
 from __future__ import annotations
@@ -22,11 +28,20 @@ SHARE_ENV = "SAPIENS2_MAX_QUEUED_PER_CLIENT"
 
 
 def share_the_queue(demo: Any, concurrency_id: str) -> None:
-    """Refuse a client's model request (events of `concurrency_id`) beyond its share of `demo`'s queue."""
+    """Refuse a client's model request (events of `concurrency_id`) beyond its share of `demo`'s queue, and
+    close the routes that answer queued events outside the queue."""
     queue = demo._queue
     for part in ("push", "active_jobs", "event_queue_per_concurrency_id"):
         if not hasattr(queue, part):
             raise RuntimeError(f"Gradio's queue has no {part!r}: the per-client share cannot be counted.")
+    unqueued = [
+        fn.api_name or str(fn._id)
+        for fn in demo.fns.values()
+        if fn.concurrency_id == concurrency_id and not fn.queue
+    ]
+    if unqueued:
+        raise RuntimeError(f"Model events outside the queue skip its shares: {', '.join(unqueued)}.")
+    demo.api_open = False
     share = current().max_queued_per_client
     trusted_proxies = current().trusted_proxies
     push = queue.push

@@ -132,12 +132,14 @@ def user_errors() -> Iterator[None]:
 
 
 def check_output(scratch: ScratchSpace, folder: Path) -> None:
-    """Refuse (and delete) a request's files when they take more than the output limit, or more than the
-    disk Gradio copies them to has free."""
+    """Refuse (and delete) a request's files when they take more than the output limit, more than the
+    disk Gradio copies them to has free, or more than the client's share of answers; else hand them over
+    (the folder goes once Gradio has its copy)."""
     size = scratch.folder_bytes(folder)
     try:
         Limits.of().check_output(size)
         check_room(size)
+        scratch.hand_over(folder, _client(scratch.trusted_proxies))
     except (LimitError, OutOfSpaceError):
         scratch.discard(folder)
         raise

@@ -21,6 +21,7 @@ Layouts (`--data DIR`, and the same for `--val DIR`; images are JPEG, PNG, WebP,
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import warnings
@@ -37,6 +38,7 @@ from sapiens2.data import metadata
 from sapiens2.data.metadata import keypoints308
 from sapiens2.errors import DatasetError, LimitError
 from sapiens2.models.losses import fit_intrinsics
+from sapiens2.vision.files import file_problem, open_regular
 from sapiens2.vision.limits import Limits, too_large_unknown
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
@@ -220,14 +222,16 @@ def mirrored_pairs(names: Sequence[str]) -> tuple[tuple[int, int], ...]:
 # ---- one record's pixels and labels ---------------------------------------------------------------------
 
 
-def photo_size(path: Path) -> tuple[int, int] | None:
-    """A photo's (height, width) from its header, refused above the pixel limit (SAPIENS2_MAX_MEGAPIXELS)
-    before any pixel is decoded: a 20000x20000 PNG would take 1.2 GB as RGB, 3 GB as OpenCV reads it.
-    None when Pillow does not know the format (OpenCV, which reads it, has its own pixel cap)."""
+def photo_size(path: Path, data: bytes | None = None) -> tuple[int, int] | None:
+    """A photo's (height, width) from its header (`data`: its bytes, when already read), refused above the
+    pixel limit (SAPIENS2_MAX_MEGAPIXELS) before any pixel is decoded: a 20000x20000 PNG would take 1.2 GB as
+    RGB, 3 GB as OpenCV reads it. None when Pillow does not know the format (OpenCV, which reads it, has its
+    own pixel cap)."""
+    data = read_file(path) if data is None else data
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with Image.open(io.BytesIO(data)) as image:
                 width, height = image.size
     except Image.DecompressionBombError:
         raise DatasetError(f"{path}: {too_large_unknown(Limits.of().megapixels)}") from None
@@ -240,13 +244,31 @@ def photo_size(path: Path) -> tuple[int, int] | None:
     return height, width
 
 
-def load_rgb(path: Path) -> np.ndarray:
-    """A photo as (H, W, 3) uint8 RGB (EXIF orientation applied)."""
-    photo_size(path)
-    pixels = cv2.imread(str(path), cv2.IMREAD_COLOR)
+def read_file(path: Path) -> bytes:
+    """A dataset file's bytes: a regular file only, checked on the opened file, so a named pipe or a device
+    in the folder is refused at once instead of blocking the run."""
+    try:
+        with open_regular(path) as file:
+            return file.read()
+    except ValueError:
+        raise DatasetError(f"{path}: the file name is not valid") from None
+    except OSError as error:
+        raise DatasetError(f"{path}: {file_problem(error, path.name, 'a regular file')}") from None
+
+
+def _decoded(path: Path, flags: int) -> np.ndarray:
+    """An image file decoded by OpenCV from its bytes, after its header passed the pixel limit."""
+    data = read_file(path)
+    photo_size(path, data)
+    pixels = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
     if pixels is None:
         raise DatasetError(f"{path}: cannot be read as an image")
-    return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+    return pixels
+
+
+def load_rgb(path: Path) -> np.ndarray:
+    """A photo as (H, W, 3) uint8 RGB (EXIF orientation applied)."""
+    return cv2.cvtColor(_decoded(path, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
 
 
 def load_classes(path: Path, num_classes: int, size: tuple[int, int]) -> np.ndarray:
@@ -314,10 +336,8 @@ def load_alpha(path: Path, size: tuple[int, int]) -> np.ndarray:
 
 def _json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return json.loads(read_file(path))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DatasetError(f"{path}: not valid JSON ({error})") from None
 
 
@@ -428,10 +448,15 @@ def _check_inside(
         )
 
 
+def _present(path: Path) -> bool:
+    """Whether a file of any kind but a folder is there (a pipe or a device is refused by name when read)."""
+    return path.exists() and not path.is_dir()
+
+
 def _find_image(directory: Path, name: str, where: str) -> Path:
     for folder in (directory / "images", directory):
         candidate = folder / name
-        if candidate.is_file():
+        if _present(candidate):
             return candidate
     raise DatasetError(f"{where}: image file {name!r} is in neither {directory / 'images'} nor {directory}")
 
@@ -469,7 +494,7 @@ def _paired(
         raise DatasetError(f"{labels}: no such folder (expected one label file per photo there)")
     records, missing = [], []
     for stem, image in _images(directory).items():
-        target = next((labels / f"{stem}{s}" for s in suffixes if (labels / f"{stem}{s}").is_file()), None)
+        target = next((labels / f"{stem}{s}" for s in suffixes if _present(labels / f"{stem}{s}")), None)
         if target is None:
             missing.append(stem)
             continue
@@ -479,8 +504,8 @@ def _paired(
             DenseRecord(
                 image,
                 target,
-                mask_path if mask_path is not None and mask_path.is_file() else None,
-                extra_path if extra_path is not None and extra_path.is_file() else None,
+                mask_path if mask_path is not None and _present(mask_path) else None,
+                extra_path if extra_path is not None and _present(extra_path) else None,
             )
         )
     if missing:
@@ -490,10 +515,7 @@ def _paired(
 
 
 def _grey(path: Path, size: tuple[int, int]) -> np.ndarray:
-    photo_size(path)
-    values = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-    if values is None:
-        raise DatasetError(f"{path}: cannot be read as an image")
+    values = _decoded(path, cv2.IMREAD_UNCHANGED)
     if values.ndim == 3:
         values = values[..., 0]
     _check_size(path, values.shape[:2], size)
@@ -502,7 +524,7 @@ def _grey(path: Path, size: tuple[int, int]) -> np.ndarray:
 
 def _array(path: Path, size: tuple[int, int], channels: int | None) -> np.ndarray:
     try:
-        values = np.load(path, allow_pickle=False)
+        values = np.load(io.BytesIO(read_file(path)), allow_pickle=False)
     except (OSError, ValueError) as error:
         raise DatasetError(f"{path}: not a .npy array ({error})") from None
     shape = (*size, channels) if channels else size

@@ -16,7 +16,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -109,10 +109,12 @@ def _quiet_worker(_: int) -> None:
 
 class _StopRequest:
     """Set by SIGINT / SIGTERM: the run finishes its step, saves a checkpoint and stops; a second signal
-    stops at once."""
+    stops at once (the signal's own default). While the run loads (its data, its model, the next batch) a
+    signal ends it at once: a read that never returns (a file on a hung mount) must not hold the run."""
 
-    def __init__(self) -> None:
+    def __init__(self, loading: bool = False) -> None:
         self.requested = False
+        self.loading = loading
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopRequest:
@@ -126,7 +128,24 @@ class _StopRequest:
     def handle(self, number: int, frame) -> None:
         self.requested = True
         signal.signal(number, self.previous.get(number, signal.SIG_DFL))
+        if self.loading:
+            raise TrainingError(
+                f"stopped by {signal.Signals(number).name} while loading; nothing of this step was saved"
+            )
         tqdm.write("Stopping after this step (a checkpoint is saved); press Ctrl-C again to stop at once.")
+
+    def loading_from(self, batches: Iterable) -> Iterator:
+        """The batches of `batches`, counting the wait for each as loading."""
+        iterator = iter(batches)
+        while True:
+            self.loading = True
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.loading = False
+            yield batch
 
     def __exit__(self, *exc) -> None:
         for number, handler in self.previous.items():
@@ -217,9 +236,10 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
             f"--out {out} already holds checkpoints of a run: add --resume to continue it, or choose "
             "another --out"
         )
-    records, dataset_labels = task.read(options.data)
-    source = str(resume_from) if resume_from is not None else options.model
-    trainable = load_trainable(task, source, dataset_labels, options.new_labels, options.seed)
+    with _StopRequest(loading=True):
+        records, dataset_labels = task.read(options.data)
+        source = str(resume_from) if resume_from is not None else options.model
+        trainable = load_trainable(task, source, dataset_labels, options.new_labels, options.seed)
     model, labels, config = trainable.model, trainable.labels, trainable.config
     settings, origin = training_settings(
         options, task, str(resume_from or options.model), model.config.image_size
@@ -308,7 +328,7 @@ def train(options: TrainOptions, stop: Callable[[int], bool] | None = None) -> T
     window_steps, window_start = 0, time.perf_counter()
     step = start
     with _StopRequest() as stop_request:
-        for batch in loader:
+        for batch in stop_request.loading_from(loader):
             batch = _device_batch(batch, accelerator.device)
             try:
                 with accelerator.autocast():

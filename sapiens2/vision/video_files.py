@@ -32,8 +32,7 @@ from sapiens2.settings import export
 from sapiens2.vision.files import file_problem, open_regular
 from sapiens2.vision.images import sanitize_filename
 from sapiens2.vision.limits import Limits
-from sapiens2.vision.structure import mp4_table_problem
-from sapiens2.vision.video_indexes import avi_index_problem, matroska_index_problem
+from sapiens2.vision.video_indexes import avi_index_problem, matroska_index_problem, mp4_index_problem
 
 DEMUXERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi"
 CAPTURE_OPTIONS = f"protocol_whitelist;file|format_whitelist;{DEMUXERS}|enable_drefs;0|use_absolute_path;0"
@@ -110,7 +109,7 @@ def checked_video(path: str | os.PathLike) -> Iterator[str]:
 
 
 _INDEX_PROBLEMS = {
-    "MP4/MOV": mp4_table_problem,
+    "MP4/MOV": mp4_index_problem,
     "WebM/Matroska": matroska_index_problem,
     "AVI": avi_index_problem,
 }

@@ -1,18 +1,25 @@
-"""The indexes a Matroska/WebM or AVI file makes FFmpeg build, counted from element and chunk headers.
+"""The indexes a video file makes FFmpeg build, counted for the whole file from box, element and chunk
+headers before FFmpeg opens it.
 
-FFmpeg keeps an index entry per cue point, seek entry, block or AVI index entry it is told of, and reads an
-index wherever the file says it is. Before FFmpeg opens such a file, every index element (Matroska's
-SeekHead and Cues, found in order or through the SeekHead; AVI's idx1, indx and ix## chunks) must lie
-inside the file, hold the entries it claims, and claim no more entries than the limit; the blocks of
-Matroska clusters and the chunks of an AVI's movi list (one sample each) are counted against it too. Only
-headers are read, through a memory map of the file, and the walk stops as soon as the limit is passed.
+FFmpeg keeps an index entry per sample an MP4/MOV's sample tables claim (per track, and again for each edit
+of an edit list that replays them), per cue point, seek entry or block of a Matroska/WebM file, and per
+AVI index entry, and reads an index wherever the file says it is. So every table or index must lie inside
+the file and hold the entries it claims, and what the whole file claims is bounded: its tracks (at most
+`MAX_TRACKS`), and its index entries summed over tracks, tables and chunks (at most the limit).
+
+An MP4/MOV's movie header may be zlib-compressed (`moov/cmov`, which FFmpeg inflates whole): it is inflated
+here too, at most `MAX_MOVIE_HEADER` bytes in all, and walked like the rest. Only headers are read, through
+a memory map of the file, and each walk stops as soon as a limit is passed.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
+import zlib
 from typing import IO
+
+import numpy as np
 
 # Matroska element IDs (with their length marker, as written).
 _SEGMENT, _CLUSTER, _CUES, _SEEK_HEAD = 0x18538067, 0x1F43B675, 0x1C53BB6B, 0x114D9B74
@@ -25,10 +32,29 @@ _TOP_LEVEL = frozenset(
 )
 _NAMES = {_CUES: "Cues", _SEEK_HEAD: "SeekHead"}
 _AVI_INDEX_OF_INDEXES = 0
+_TRACK_ENTRY, _TRACKS, _CUE_TRACK_POSITIONS = 0xAE, 0x1654AE6B, 0xB7
+
+MAX_TRACKS = 64  # FFmpeg accepts 1000; a camera's MOV with every audio channel apart has about 20
+MAX_MOVIE_HEADER = 16 * 2**20  # inflated bytes of compressed movie headers: a 1M-sample moov is about 12 MB
+_MP4_MAX_BOXES = 100_000  # a ten-minute fragmented clip has a few thousand
+_MP4_CONTAINERS = frozenset({b"moov", b"trak", b"mdia", b"minf", b"stbl", b"edts", b"moof", b"traf", b"mvex"})
+# Sample tables whose entry count follows the version and flags: bytes per entry.
+_MP4_TABLES = {b"stco": 4, b"co64": 8, b"stts": 8, b"stsc": 12, b"ctts": 8, b"stss": 4}
+_MP4_RUN_TABLES = frozenset({b"stts", b"ctts"})  # entries of (count, value): samples are the counts' sum
+_TRUN_FIELDS = (0x100, 0x200, 0x400, 0x800)  # flags of the per-sample duration, size, flags, time offset
+_ELST_ENTRY = {
+    0: np.dtype([("duration", ">u4"), ("media_time", ">i4"), ("rate", ">i4")]),
+    1: np.dtype([("duration", ">u8"), ("media_time", ">i8"), ("rate", ">i4")]),
+}
 
 
 class _Found(Exception):
     """What is wrong, as the end of a sentence; ends the walk."""
+
+
+def mp4_index_problem(file: IO[bytes], limit: int) -> str | None:
+    """What is wrong with an MP4/MOV's tracks and sample tables (the end of a sentence), or None."""
+    return _walk_problem(file, _Mp4Walk, limit)
 
 
 def matroska_index_problem(file: IO[bytes], limit: int) -> str | None:
@@ -79,6 +105,10 @@ def _vint(data: bytes, position: int, keep_marker: bool) -> tuple[int | None, in
     return (None if value == (1 << (7 * length)) - 1 else value), length
 
 
+def _too_many_tracks(count: int) -> _Found:
+    return _Found(f"it holds {count} tracks, above this server's limit of {MAX_TRACKS}")
+
+
 def _too_many(what: str, count: int, limit: int, *, counted_all: bool = True) -> _Found:
     """The sentence's end for `count` entries above `limit`; a walk that stopped early counted only
     `limit + 1` of them."""
@@ -89,7 +119,7 @@ def _too_many(what: str, count: int, limit: int, *, counted_all: bool = True) ->
 class _MatroskaWalk:
     def __init__(self, data: bytes, limit: int) -> None:
         self.data, self.size, self.limit = data, len(data), limit
-        self.blocks = 0
+        self.blocks = self.entries = 0
         self.checked: set[int] = set()
 
     def header(self, position: int) -> tuple[int | None, int, int | None]:
@@ -119,6 +149,12 @@ class _MatroskaWalk:
                 return
             if element in _NAMES:
                 self.index(position, start)
+            elif element == _TRACKS and size is not None:
+                tracks = sum(
+                    child == _TRACK_ENTRY for child, _, _ in self.children(body, min(body + size, end))
+                )
+                if tracks > MAX_TRACKS:
+                    raise _too_many_tracks(tracks)
             if element == _CLUSTER:
                 position = self.cluster(body, end if size is None else min(body + size, end))
             elif size is None:
@@ -141,11 +177,14 @@ class _MatroskaWalk:
                 "to exhaust memory)"
             )
         entry = _CUE_POINT if element == _CUES else _SEEK
-        entries, targets = 0, []
+        targets = []
         for child, child_body, child_size in self.children(body, body + size):
-            entries += child == entry
-            if entries > self.limit:
-                raise _too_many(f"{name} entries", entries, self.limit, counted_all=False)
+            if child == entry:  # a cue point is one index entry per track position it lists
+                self.entries += (
+                    max(1, self.positions(child_body, child_body + child_size)) if child == _CUE_POINT else 1
+                )
+            if self.entries > self.limit:
+                raise _too_many(f"{name} entries", self.entries, self.limit, counted_all=False)
             if child == _SEEK:
                 targets += self.seek_targets(child_body, child_body + child_size, segment)
         for target in targets:
@@ -170,6 +209,10 @@ class _MatroskaWalk:
             )
         element, _, _ = self.header(target)
         return [target] if element == sought else []
+
+    def positions(self, start: int, end: int) -> int:
+        """The track positions (CueTrackPositions) of a cue point."""
+        return sum(child == _CUE_TRACK_POSITIONS for child, _, _ in self.children(start, end))
 
     def children(self, start: int, end: int):
         """(ID, body, size) of each element of known size between `start` and `end`."""
@@ -200,7 +243,7 @@ class _MatroskaWalk:
 class _AviWalk:
     def __init__(self, data: bytes, limit: int) -> None:
         self.data, self.size, self.limit = data, len(data), limit
-        self.samples = 0
+        self.samples = self.entries = self.tracks = 0
 
     def run(self) -> None:
         position = 0
@@ -218,11 +261,15 @@ class _AviWalk:
             body = position + 8
             if kind == b"LIST" and length >= 4:
                 listed = bytes(self.data[body : body + 4])
+                self.tracks += listed == b"strl"
+                if self.tracks > MAX_TRACKS:
+                    raise _too_many_tracks(self.tracks)
                 self.chunks(body + 4, min(body + length, end), in_movi=listed == b"movi")
             elif kind == b"idx1":
                 self.inside(kind, body, length)
                 if length // 16 > self.limit:
                     raise _too_many("entries in its idx1 index", length // 16, self.limit)
+                self.count_entries(length // 16)
             elif kind == b"indx" or kind[:2] == b"ix":
                 self.index(kind, body, length)
             elif in_movi:
@@ -232,6 +279,12 @@ class _AviWalk:
                         "chunks (frames) in its movi list", self.samples, self.limit, counted_all=False
                     )
             position = body + length + (length & 1)
+
+    def count_entries(self, entries: int) -> None:
+        """Index entries of every index chunk of the file, together."""
+        self.entries += entries
+        if self.entries > self.limit:
+            raise _too_many("entries in its index chunks together", self.entries, self.limit)
 
     def inside(self, kind: bytes, body: int, length: int) -> None:
         if body + length > self.size:
@@ -255,6 +308,7 @@ class _AviWalk:
             )
         if entries > self.limit:
             raise _too_many(f"entries in its '{name}' index", entries, self.limit)
+        self.count_entries(entries)
         if index_type != _AVI_INDEX_OF_INDEXES or longs != 4:
             return
         duration = 0
@@ -265,3 +319,175 @@ class _AviWalk:
             duration += frames
         if duration > self.limit:
             raise _too_many(f"frames in its '{name}' index", duration, self.limit)
+
+
+class _Track:
+    """What one MP4 track's tables claim: the most samples any of them stands for, and the edits that
+    replay them."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.replays = 1
+
+
+class _Mp4Walk:
+    def __init__(self, data: bytes, limit: int) -> None:
+        self.file_size, self.limit = len(data), limit
+        self.boxes = self.tracks = self.samples = self.inflated = 0
+        self.track: _Track | None = None
+        self.data = data
+
+    def run(self) -> None:
+        self.walk(self.data, 0, len(self.data))
+
+    def walk(self, data: bytes, start: int, end: int) -> None:
+        """Every box between `start` and `end` of `data` (the file, or an inflated movie header)."""
+        position = start
+        while position + 8 <= end:
+            self.boxes += 1
+            if self.boxes > _MP4_MAX_BOXES:
+                raise _Found(f"it holds more than {_MP4_MAX_BOXES} boxes")
+            size, kind = struct.unpack_from(">I4s", data, position)
+            header = 8
+            if size == 1:
+                if position + 16 > end:
+                    return
+                (size,), header = struct.unpack_from(">Q", data, position + 8), 16
+            elif size == 0:
+                size = end - position
+            if size < header:
+                raise _Found(f"its '{_printable(kind)}' box claims {size} bytes, less than its own header")
+            box_end = min(position + size, end)  # as FFmpeg reads a box that runs past its container
+            self.box(data, kind, position + header, box_end)
+            position = box_end
+
+    def box(self, data: bytes, kind: bytes, body: int, end: int) -> None:
+        if kind == b"trak":
+            self.tracks += 1
+            if self.tracks > MAX_TRACKS:
+                raise _too_many_tracks(self.tracks)
+            outer, self.track = self.track, _Track()
+            self.walk(data, body, end)
+            track, self.track = self.track, outer
+            self.count(
+                track.samples * track.replays, "samples in its tracks (edit lists that replay them counted)"
+            )
+        elif kind in _MP4_CONTAINERS:
+            self.walk(data, body, end)
+        elif kind == b"cmov":
+            self.compressed(data, body, end)
+        elif kind == b"elst":
+            self.edits(data, body, end)
+        else:
+            self.table(data, kind, body, end)
+
+    def count(self, samples: int, what: str) -> None:
+        self.samples += samples
+        if self.samples > self.limit:
+            raise _Found(
+                f"it claims {self.samples} {what}, above this server's limit of {self.limit} samples per file"
+            )
+
+    def table(self, data: bytes, kind: bytes, body: int, end: int) -> None:
+        """Check a sample table: it fits in its box, and claims no more samples than the file has bytes;
+        its samples count toward its track (a fragment's run toward the file)."""
+        counted = _table_counts(data, kind, body, end)
+        if counted is None:
+            return
+        entries, entry_bits, samples = counted
+        name = kind.decode("ascii")
+        if entries * entry_bits > (end - body) * 8:
+            raise _Found(
+                f"its sample table '{name}' claims {entries} entries, more than its box of {end - body} "
+                "bytes holds (the file is damaged)"
+            )
+        if samples > self.file_size:
+            raise _Found(
+                f"its sample table '{name}' claims {samples} samples, more than a file of {self.file_size} "
+                "bytes can hold (the file is damaged or made to exhaust memory)"
+            )
+        if samples > self.limit:
+            raise _Found(
+                f"its sample table '{name}' claims {samples} samples, above this server's limit of "
+                f"{self.limit} samples per file"
+            )
+        if kind == b"trun" or self.track is None:
+            self.count(samples, "samples in its tables and fragments")
+        else:
+            self.track.samples = max(self.track.samples, samples)
+
+    def edits(self, data: bytes, body: int, end: int) -> None:
+        """An edit list: each edit that shows media (not an empty edit) makes FFmpeg index the track's
+        samples in its range again."""
+        if end - body < 8:
+            return
+        version, entries = data[body], struct.unpack_from(">I", data, body + 4)[0]
+        dtype = _ELST_ENTRY.get(version, _ELST_ENTRY[0])
+        if entries * dtype.itemsize > end - body - 8:
+            raise _Found(
+                f"its edit list claims {entries} entries, more than its box of {end - body} bytes holds "
+                "(the file is damaged)"
+            )
+        table = np.frombuffer(data[body + 8 : body + 8 + entries * dtype.itemsize], dtype=dtype)
+        if self.track is not None:
+            self.track.replays = max(self.track.replays, int(np.count_nonzero(table["media_time"] != -1)))
+
+    def compressed(self, data: bytes, body: int, end: int) -> None:
+        """A compressed movie header (cmov: its dcom names the method, its cmvd holds the inflated size and
+        the zlib stream): inflated within what is left of `MAX_MOVIE_HEADER`, then walked."""
+        method, packed = None, None
+        position = body
+        while position + 8 <= end:
+            size, kind = struct.unpack_from(">I4s", data, position)
+            if size < 8:
+                break
+            if kind == b"dcom":
+                method = bytes(data[position + 8 : position + 12])
+            elif kind == b"cmvd":
+                packed = (position + 8, min(position + size, end))
+            position += size
+        if method != b"zlib" or packed is None or packed[1] - packed[0] < 4:
+            raise _Found(
+                "its movie header is compressed in a way this server does not read (the file is damaged)"
+            )
+        (claimed,) = struct.unpack_from(">I", data, packed[0])
+        room = MAX_MOVIE_HEADER - self.inflated
+        too_large = _Found(
+            f"its compressed movie header unpacks to more than this server's limit of {MAX_MOVIE_HEADER} "
+            "bytes (the file is made to exhaust memory)"
+        )
+        if claimed > room:
+            raise too_large
+        inflater = zlib.decompressobj()
+        try:
+            header = inflater.decompress(data[packed[0] + 4 : packed[1]], room + 1)
+        except zlib.error:
+            raise _Found("its compressed movie header cannot be unpacked (the file is damaged)") from None
+        if len(header) > room:
+            raise too_large
+        self.inflated += len(header)
+        self.walk(header, 0, len(header))
+
+
+def _table_counts(data: bytes, kind: bytes, body: int, end: int) -> tuple[int, int, int] | None:
+    """(entries, bits per entry, samples the entries stand for) of a sample table; None for other boxes."""
+    head = data[body : min(end, body + 16)]
+    if kind in _MP4_TABLES and len(head) >= 8:
+        (entries,) = struct.unpack(">I", head[4:8])
+        samples = entries
+        if kind in _MP4_RUN_TABLES:  # the sum of the counts of the entries that fit
+            table = np.frombuffer(data[body + 8 : body + 8 + min(entries, (end - body - 8) // 8) * 8], ">u4")
+            samples = int(table[0::2].sum(dtype=np.uint64))
+        return entries, _MP4_TABLES[kind] * 8, samples
+    if kind in (b"stsz", b"stz2") and len(head) >= 12:
+        sample_size, count = struct.unpack(">II", head[4:12])
+        entry_bits = (sample_size & 0xFF) if kind == b"stz2" else (0 if sample_size else 32)
+        return count, entry_bits, count
+    if kind == b"trun" and len(head) >= 8:
+        flags, count = struct.unpack(">II", head[:8])
+        return count, 32 * sum(bool(flags & field) for field in _TRUN_FIELDS), count
+    return None
+
+
+def _printable(kind: bytes) -> str:
+    return "".join(chr(byte) if 32 <= byte < 127 else "?" for byte in kind)
