@@ -178,7 +178,7 @@ def test_pose_takes_keypoint_formats_by_name_and_draws_the_controlnet_picture(cl
     outputs = client.predict(handle_file(str(photo)), keypoint_format=chosen, api_name="/pose")
     _, controlnet, _, _, files = outputs
     names = sorted(Path(path).name.removeprefix(photo.stem) for path in files)
-    assert names == ["_coco17.json", "_controlnet.png", "_openpose.json"]
+    assert names == ["_coco17.json", "_controlnet.png", "_openpose.json", "_pose.json"], "added, not instead"
     assert Path(controlnet).name == f"{photo.stem}_controlnet.png"
     with Image.open(controlnet) as image:
         assert image.mode == "RGB" and image.size == photo_size(photo)
