@@ -40,7 +40,8 @@ def test_the_camera_sentence_keeps_real_negative_values():
 )
 def test_the_missing_model_hint_downloads_one_copy_of_the_weights(repo_id, weights):
     hint = offline_instructions(repo_id)
-    assert f'hf download {repo_id} --include "*.json" --include {weights} --local-dir checkpoints/{repo_id}' in hint
+    patterns = f'--include "*.json" --include {weights}'
+    assert f"hf download {repo_id} {patterns} --local-dir checkpoints/{repo_id}" in hint
 
 
 def test_the_normals_hint_reads_the_16_bit_png_as_written(tmp_path):

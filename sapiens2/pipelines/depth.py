@@ -66,7 +66,8 @@ def _camera_sentence(camera: Intrinsics | None) -> str:
     if camera is None:
         return "Too few points to fit the camera from."
     fx, fy, cx, cy = (_pixels(value) for value in (camera.fx, camera.fy, camera.cx, camera.cy))
-    return f"The camera they imply: fx {fx}, fy {fy}, cx {cx}, cy {cy} px (fit residual {camera.residual:.2f} px)."
+    residual = f"fit residual {camera.residual:.2f} px"
+    return f"The camera they imply: fx {fx}, fy {fy}, cx {cx}, cy {cy} px ({residual})."
 
 
 def _pixels(value: float) -> str:
