@@ -338,8 +338,13 @@ def _video_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget
             controls = components.video_controls(runtime.device)
             button = gr.Button("Run on the video", variant="primary", elem_id="video-run")
         with gr.Column(scale=3):
+            # No label badge: it would cover the track ids drawn at the top-left corner of each box.
             shown = gr.Video(
-                label="Result", interactive=False, elem_id="video-result", elem_classes=components.RESULT
+                label="Result",
+                show_label=False,
+                interactive=False,
+                elem_id="video-result",
+                elem_classes=components.RESULT,
             )
             summary = gr.Markdown()
             files = components.downloads("video-downloads")
@@ -372,7 +377,10 @@ def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> None:
     choice = components.task_choice()
     with gr.Row():
         camera = gr.Image(sources=["webcam"], streaming=True, label="Webcam")
-        shown = gr.Image(label="Result", format="jpeg", interactive=False)
+        # No label badge over the picture, where it would cover the track ids drawn at the boxes' corners.
+        shown = gr.Image(
+            label="Result", show_label=False, format="jpeg", interactive=False, elem_id="live-result"
+        )
     rate = gr.Markdown(elem_id="live-rate")
     stream_state = gr.State(None)  # handlers.LiveStream, made at the stream's first frame
     camera.stream(

@@ -79,3 +79,20 @@ def test_a_failed_detector_download_leaves_no_empty_weights_folder(tmp_path, mon
         detector.YoloPersonDetector("yolo11n.pt")._load()
     assert not folder.exists() and not folder.parent.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_first_live_reading_says_it_is_measuring_not_zero_frames_per_second():
+    from sapiens2.serving.handlers import live_rate
+
+    assert live_rate([10.0]) == "first frame, measuring the frame rate"
+    assert "0.0" not in live_rate([10.0]) and live_rate([]) == live_rate([10.0])
+    assert live_rate([10.0, 10.5, 11.0]) == "2.0 frames per second"
+
+
+def test_video_and_live_results_have_no_label_badge_over_the_track_ids():
+    import app
+    from sapiens2 import Runtime
+
+    demo = app.build_app(Runtime(device="cpu"))
+    shown = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None)}
+    assert shown["video-result"].show_label is False and shown["live-result"].show_label is False

@@ -273,12 +273,17 @@ def live_handler(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> Ca
                 gap = now - state.times[-1] if state.times else LIVE_FRAME_SECONDS
                 result = state.follower.follow(frame.rgb, result, gap)
         state.times = (state.times + [now])[-LIVE_WINDOW:]
-        times = state.times
-        fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
-        line = f"**{fps:.1f} frames per second** · {entry.title} · {result.timing_line()}"
+        line = f"**{live_rate(state.times)}** · {entry.title} · {result.timing_line()}"
         return result.pictures[0][1], line, state
 
     return on_frame
+
+
+def live_rate(times: Sequence[float]) -> str:
+    """The live frame rate over the shown frames' times; the first frame has none yet (not "0.0")."""
+    if len(times) < 2 or times[-1] <= times[0]:
+        return "first frame, measuring the frame rate"
+    return f"{(len(times) - 1) / (times[-1] - times[0]):.1f} frames per second"
 
 
 def _live_follower(runtime: Runtime, entry: Task) -> FrameFollower | None:
