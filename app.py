@@ -90,6 +90,8 @@ CSS = """
 /* File names at phone width: the whole name, wrapped, rather than "astronaut… .json". */
 .studio-downloads td.filename, .studio-downloads td.filename .stem {
   white-space: normal; overflow: visible; text-overflow: clip; overflow-wrap: anywhere; }
+/* A colour picker turned off (a background picture replaces the colour) looks off. */
+.gradio-container button.dialog-button:disabled { opacity: 0.3; cursor: not-allowed; }
 .studio-matte img { filter: brightness(0.6) sepia(1) hue-rotate(195deg) saturate(2.25);
                     outline: 1px solid var(--border-color-primary); }
 """
@@ -265,6 +267,15 @@ def _task_tab(
         show_progress_on=[pictures[0]],  # one bar, over the first picture, not one per output
         **MODEL_EVENT,
     )
+    for option in options:
+        if option.overrides in controls:  # the option given wins over the other: that one is turned off
+            controls[option.name].change(
+                lambda value: gr.update(interactive=value in (None, "")),
+                controls[option.name],
+                controls[option.overrides],
+                queue=False,
+                api_visibility="private",
+            )
     refresh = handlers.note_handler(runtime, task.name, local)
     size.change(refresh, size, note, queue=False, api_visibility="private")
     for option in options:

@@ -421,3 +421,16 @@ def test_pose_draws_one_progress_bar_while_it_runs(page, server, monkeypatch):
     finally:
         go_on.set()
     page.locator("#pose-picture img").first.wait_for(timeout=RESULT_TIMEOUT_MS)
+
+
+def test_the_colour_picker_is_off_while_a_background_picture_wins(page, tmp_path):
+    page.get_by_role("tab", name="Matting", exact=True).click()
+    colour = page.get_by_role("button", name="Background colour")
+    assert colour.is_enabled()
+    label = page.get_by_text("Background image (replaces the colour)")
+    field = label.locator("xpath=ancestor::*[contains(@class, 'block')][1]")
+    field.locator("input[type=file]").set_input_files(str(PHOTOS[1]))
+    page.wait_for_function(
+        "() => document.querySelector('button[aria-label=\"Background colour\"]').disabled", timeout=60_000
+    )
+    page.screenshot(path=str(tmp_path / "matting-background.png"))

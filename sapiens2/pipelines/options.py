@@ -46,6 +46,9 @@ class Option:
     # For "choices": names always in the value, whether given or not (accepted when given, offered nowhere):
     # what a task always writes beside the extras chosen.
     always: tuple[str, ...] = ()
+    # The option this one replaces when it is given (matting's background image over its colour): the page
+    # turns that one's control off meanwhile.
+    overrides: str | None = None
     # For "choices" whose names depend on the model (a fine-tuned model's classes): the choices a model's
     # config offers. Names beyond `choices` are then kept, for the task to check against its model's own.
     model_choices: Callable[[Sapiens2Config], tuple[str, ...]] | None = None
