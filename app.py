@@ -86,17 +86,51 @@ CSS = """
 .studio-downloads .label-clear-button { display: none; }
 /* Gradio's checkbox draws a 1px border whatever the theme says; the theme's width, below, is used here. */
 .gradio-container input[type="checkbox"] { border-width: var(--checkbox-border-width); }
+/* A mask or matte is white where it is full: a 100 % mask would be white on the white page. On the page
+   it is tinted (white shows as light indigo, rgb(166, 181, 255); black stays black) and outlined; its file
+   stays grey. */
+/* File names at phone width: the whole name, wrapped, rather than "astronaut… .json". */
+.studio-downloads td.filename, .studio-downloads td.filename .stem {
+  white-space: normal; overflow: visible; text-overflow: clip; overflow-wrap: anywhere; }
+/* A colour picker turned off (a background picture replaces the colour) looks off. */
+.gradio-container button.dialog-button:disabled { opacity: 0.3; cursor: not-allowed; }
+.studio-matte img { filter: brightness(0.6) sepia(1) hue-rotate(195deg) saturate(2.25);
+                    outline: 1px solid var(--border-color-primary); }
 """
 # The Soft theme's unchecked boxes are a faint outline on a grey panel: a darker, thicker border.
 # Browsers cannot play some MP4s the app reads well (mp4v, OpenCV's default codec), and Gradio's preview of
 # the clip then shows a red "Video not playable" error. That error of the preview alone is kept from Gradio:
 # the clip still runs, as the note under it says.
+# On a narrow screen a tab's result lies below its inputs, a screen or more under the Run button: when a
+# tab's first result (class studio-result) arrives there, it is scrolled into view.
 PAGE_JS = """() => {
   document.addEventListener("error", (event) => {
     if (event.target instanceof HTMLVideoElement && event.target.closest("#video-clip")) {
       event.stopPropagation();
     }
   }, true);
+  const narrow = window.matchMedia("(max-width: 768px)");
+  const shown = new WeakMap();
+  const arrived = (node) => {
+    const media = node.matches && node.matches("img, video") ? [node]
+      : node.querySelectorAll ? [...node.querySelectorAll("img, video")] : [];
+    for (const item of media) {
+      const result = item.closest(".studio-result");
+      const source = item.currentSrc || item.src;
+      if (!result || !source || shown.get(result) === source) continue;
+      shown.set(result, source);
+      const box = result.getBoundingClientRect();
+      if (narrow.matches && (box.top < 0 || box.top > window.innerHeight / 4)) {
+        result.scrollIntoView({ block: "start", behavior: "instant" });
+      }
+    }
+  };
+  new MutationObserver((records) => {
+    for (const record of records) {
+      if (record.type === "attributes") arrived(record.target);
+      else record.addedNodes.forEach(arrived);
+    }
+  }).observe(document.body, { subtree: true, childList: true, attributes: true, attributeFilter: ["src"] });
 }"""
 THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="sky").set(
     checkbox_border_color="*neutral_400",
@@ -129,7 +163,7 @@ def build_app(
         with gr.Column(elem_classes="studio-header"):
             gr.Markdown(f"# {TITLE}\n{INTRO}")
             gr.Markdown(handlers.device_note(runtime), elem_classes="studio-note")
-        with gr.Tabs():
+        with gr.Tabs(overflow_behavior="wrap"):  # on a phone every tab stays in sight, on two rows
             for task in TASKS.values():
                 with gr.Tab(task.title, id=task.name):
                     _task_tab(task, runtime, scratch, slot, budget, local.get(task.name, {}))
@@ -244,8 +278,18 @@ def _task_tab(
         outputs=outputs,
         api_name=task.name,
         api_description=task.description,
+        show_progress_on=[pictures[0]],  # one bar, over the first picture, not one per output
         **MODEL_EVENT,
     )
+    for option in options:
+        if option.overrides in controls:  # the option given wins over the other: that one is turned off
+            controls[option.name].change(
+                lambda value: gr.update(interactive=value in (None, "")),
+                controls[option.name],
+                controls[option.overrides],
+                queue=False,
+                api_visibility="private",
+            )
     refresh = handlers.note_handler(runtime, task.name, local)
     size.change(refresh, size, note, queue=False, api_visibility="private")
     for option in options:
@@ -278,7 +322,12 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, bud
                             gr.Markdown(f"#### {task.title}")
                             pictures.append(
                                 components.shown_picture(
-                                    task.title, 340, f"all-{task.name}", show_label=False
+                                    task.title,
+                                    340,
+                                    f"all-{task.name}",
+                                    show_label=False,
+                                    result=not pictures,
+                                    picture=task.picture_titles[0],
                                 )
                             )
             summary, timing = components.text_outputs()
@@ -315,7 +364,14 @@ def _video_tab(
             controls = components.video_controls(runtime.device)
             button = gr.Button("Run on the video", variant="primary", elem_id="video-run")
         with gr.Column(scale=3):
-            shown = gr.Video(label="Result", interactive=False, elem_id="video-result")
+            # No label badge: it would cover the track ids drawn at the top-left corner of each box.
+            shown = gr.Video(
+                label="Result",
+                show_label=False,
+                interactive=False,
+                elem_id="video-result",
+                elem_classes=components.RESULT,
+            )
             summary = gr.Markdown()
             files = components.downloads("video-downloads")
     choice.change(
@@ -331,6 +387,7 @@ def _video_tab(
         outputs=[shown, summary, files],
         api_name="video",
         api_description="A short clip through one task; returns the processed video and its files.",
+        show_progress_on=[shown],  # one bar, over the clip, not one per output
         **MODEL_EVENT,  # the upload reaches the handler untouched: only sapiens2.vision.video_files opens it
     )
 
@@ -346,7 +403,10 @@ def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch, places: 
     choice = components.task_choice()
     with gr.Row():
         camera = gr.Image(sources=["webcam"], streaming=True, label="Webcam")
-        shown = gr.Image(label="Result", format="jpeg", interactive=False)
+        # No label badge over the picture, where it would cover the track ids drawn at the boxes' corners.
+        shown = gr.Image(
+            label="Result", show_label=False, format="jpeg", interactive=False, elem_id="live-result"
+        )
     rate = gr.Markdown(elem_id="live-rate")
     stream_state = gr.State(None)  # handlers.LiveStream, made at the stream's first frame
     camera.stream(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +129,8 @@ def test_all_tasks_endpoint_returns_each_tasks_picture_and_plain_text(client):
     assert summary.splitlines()[0].startswith("Pose: ") and len(summary.splitlines()) >= len(names)
     assert [line.split(":")[0] for line in timing.splitlines()] == [TASKS[name].title for name in names]
     assert not set(summary + timing) & set("*<>"), "plain text through the API: no Markdown or HTML"
+    archive, *files = files
+    assert Path(archive).name == f"{photo.stem}_all_tasks.zip", "one zip of everything, first"
     names = {Path(path).name for path in files}
     assert {
         f"{photo.stem}{suffix}"
@@ -135,6 +138,14 @@ def test_all_tasks_endpoint_returns_each_tasks_picture_and_plain_text(client):
         if name != "features"
         for suffix in TASKS[name].exports_for({})
     } == names
+    tasks = [next(name for name in TASKS if Path(path).name.removeprefix(photo.stem) in
+                  TASKS[name].exports_for({})) for path in files]  # fmt: skip
+    assert tasks == sorted(tasks, key=list(TASKS).index), "the list grouped by task, in the tabs' order"
+    with zipfile.ZipFile(archive) as zipped:
+        assert zipped.testzip() is None
+        inside = {info.filename: zipped.read(info) for info in zipped.infolist()}
+    pairs = zip(tasks, files, strict=True)
+    assert inside == {f"{task}/{Path(path).name}": Path(path).read_bytes() for task, path in pairs}
 
 
 def test_endpoints_have_stable_names_and_only_the_image_is_required(client):
@@ -178,7 +189,7 @@ def test_pose_takes_keypoint_formats_by_name_and_draws_the_controlnet_picture(cl
     outputs = client.predict(handle_file(str(photo)), keypoint_format=chosen, api_name="/pose")
     _, controlnet, _, _, files = outputs
     names = sorted(Path(path).name.removeprefix(photo.stem) for path in files)
-    assert names == ["_coco17.json", "_controlnet.png", "_openpose.json"]
+    assert names == ["_coco17.json", "_controlnet.png", "_openpose.json", "_pose.json"], "added, not instead"
     assert Path(controlnet).name == f"{photo.stem}_controlnet.png"
     with Image.open(controlnet) as image:
         assert image.mode == "RGB" and image.size == photo_size(photo)

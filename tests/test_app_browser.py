@@ -228,7 +228,7 @@ def test_all_tasks_reads_at_1440_pixels_wide(browser, server):
     downloads = page.locator("#all-downloads")
     downloads.get_by_text("grace_hopper_composite").wait_for()
     rows = downloads.locator("tr")
-    assert rows.count() == 16  # pose: JSON and ControlNet picture; 14 of the other tasks
+    assert rows.count() == 17  # the zip of them all; pose: JSON and ControlNet picture; 14 of the others
     listed = downloads.evaluate("node => [node.scrollHeight, node.clientHeight]")
     assert listed[0] <= listed[1] + 1, "every download is in view, none behind a scroll bar"
     for index in range(rows.count()):
@@ -343,3 +343,94 @@ def test_an_mp4v_clip_the_browser_cannot_preview_raises_no_error_and_runs(page, 
     page.locator("#video-run").click()
     page.get_by_text("3 frames at").wait_for(timeout=RESULT_TIMEOUT_MS)
     assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
+
+
+PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
+
+
+def test_on_a_phone_every_tab_is_in_sight_and_the_result_comes_into_view(browser, server, tmp_path):
+    context = browser.new_context(**PHONE)
+    page = context.new_page()
+    page.goto(server.url)
+    page.get_by_role("heading", name="Sapiens2 Studio").wait_for()
+    tabs = page.get_by_role("tab")
+    assert tabs.count() == 9 and all(tabs.nth(index).is_visible() for index in range(9))
+    assert page.get_by_role("button", name="More tabs").count() == 0, "no tab hidden behind '…'"
+    page.screenshot(path=str(tmp_path / "phone-tabs.png"))
+    page.get_by_role("tab", name="Normals", exact=True).click()
+    page.locator("#normals-photo input[type=file]").set_input_files(str(PHOTOS[1]))
+    page.locator("#normals-photo img").first.wait_for()
+    page.locator("#normals-run").click()
+    page.locator("#normals-picture img").first.wait_for(timeout=RESULT_TIMEOUT_MS)
+    page.wait_for_function(
+        "() => { const top = document.querySelector('#normals-picture').getBoundingClientRect().top;"
+        " return top >= 0 && top <= window.innerHeight / 4; }",
+        timeout=RESULT_TIMEOUT_MS,
+    )
+    page.screenshot(path=str(tmp_path / "phone-result.png"))
+    rows = page.locator("#normals-downloads td.filename")
+    rows.first.wait_for()
+    for index in range(rows.count()):
+        name = rows.nth(index).get_attribute("aria-label")
+        stem = rows.nth(index).locator(".stem")
+        assert stem.evaluate("node => node.scrollWidth <= node.clientWidth + 1"), f"{name} is cut short"
+        assert rows.nth(index).inner_text().replace(" ", "").replace("\n", "") == name
+    context.close()
+
+
+def test_a_full_mask_is_tinted_on_the_page_not_white_on_white(page, tmp_path):
+    run_in_tab(page, "Body parts", "segment", PHOTOS[0])
+    page.get_by_text("of the photo.").wait_for()
+    shown = page.locator("#segment-picture-3 img").first
+    shown.wait_for()
+    shown.scroll_into_view_if_needed()
+    shot = tmp_path / "mask.png"
+    shown.screenshot(path=str(shot))
+    source = shown.get_attribute("src")
+    with Image.open(Path(source.split("file=", 1)[1])) as mask:
+        grey = np.asarray(mask.convert("L"))
+    height, width = grey.shape
+    assert (grey[height // 4 : -height // 4, width // 4 : -width // 4] == 255).all(), "a full mask here"
+    with Image.open(shot) as seen:  # the middle of the element: the picture, whatever its letterboxing
+        pixels = np.asarray(seen.convert("RGB")).astype(int)
+    rows, columns = pixels.shape[:2]
+    inside = pixels[rows // 3 : -rows // 3, columns // 3 : -columns // 3].reshape(-1, 3)
+    assert (inside.min(axis=1) < 235).mean() > 0.95, "full mask pixels are not white on the page"
+    assert (inside[:, 2] - inside[:, 0] > 40).mean() > 0.95, "they are tinted (indigo)"
+
+
+def test_pose_draws_one_progress_bar_while_it_runs(page, server, monkeypatch):
+    ran, go_on = threading.Event(), threading.Event()
+    run = server.runtime.run
+
+    def held(task, *args, **kwargs):
+        result = run(task, *args, **kwargs)
+        ran.set()
+        go_on.wait(RESULT_TIMEOUT_MS / 1000)
+        return result
+
+    monkeypatch.setattr(server.runtime, "run", held)
+    page.locator("#pose-photo input[type=file]").set_input_files(str(PHOTOS[0]))
+    page.locator("#pose-photo img").first.wait_for()
+    page.locator("#pose-run").click()
+    try:
+        assert ran.wait(RESULT_TIMEOUT_MS / 1000)
+        page.locator(".progress-text").first.wait_for()
+        assert page.locator(".progress-text").locator("visible=true").count() == 1
+        assert page.locator(".eta-bar").locator("visible=true").count() <= 1
+    finally:
+        go_on.set()
+    page.locator("#pose-picture img").first.wait_for(timeout=RESULT_TIMEOUT_MS)
+
+
+def test_the_colour_picker_is_off_while_a_background_picture_wins(page, tmp_path):
+    page.get_by_role("tab", name="Matting", exact=True).click()
+    colour = page.get_by_role("button", name="Background colour")
+    assert colour.is_enabled()
+    label = page.get_by_text("Background image (replaces the colour)")
+    field = label.locator("xpath=ancestor::*[contains(@class, 'block')][1]")
+    field.locator("input[type=file]").set_input_files(str(PHOTOS[1]))
+    page.wait_for_function(
+        "() => document.querySelector('button[aria-label=\"Background colour\"]').disabled", timeout=60_000
+    )
+    page.screenshot(path=str(tmp_path / "matting-background.png"))

@@ -114,7 +114,7 @@ def test_every_registry_option_has_a_flag():
     args = parser.parse_args(["pose", "x", "--out", "o", "--keypoint-format", "openpose,coco17"]
                              + ["--keypoint-format", "wholebody133"])  # fmt: skip
     assert TASKS["pose"].coerce_options({"keypoint_format": args.keypoint_format})["keypoint_format"] == (
-        "coco17", "wholebody133", "openpose")  # fmt: skip
+        "sapiens308", "coco17", "wholebody133", "openpose")  # fmt: skip
 
 
 def test_keypoint_formats_and_the_controlnet_picture_from_the_command_line(photos, setup_args, tmp_path):
@@ -131,9 +131,28 @@ def test_keypoint_formats_and_the_controlnet_picture_from_the_command_line(photo
     people = json.loads((tmp_path / "grace_hopper_openpose.json").read_text())["people"]
     assert [len(people[0][key]) for key in ("pose_keypoints_2d", "face_keypoints_2d")] == [75, 210]
 
-    only = tmp_path / "controlnet_only"
+    only = tmp_path / "no_extras"
     status, _ = run_cli("pose", photo, "--out", only, "--keypoint-format", "", "--no-pictures", *setup_args)
-    assert status == EXIT_OK and files_under(only) == {"grace_hopper_controlnet.png"}
+    assert status == EXIT_OK
+    assert files_under(only) == {"grace_hopper_pose.json", "grace_hopper_controlnet.png"}
+
+
+@pytest.mark.parametrize("chosen", [["coco17"], ["wholebody133", "openpose"], ["openpose,coco17"]])
+def test_keypoint_formats_are_added_beside_the_native_pose_json(photos, setup_args, tmp_path, chosen):
+    flags = [part for name in chosen for part in ("--keypoint-format", name)]
+    status, _ = run_cli("pose", photos / "grace_hopper.jpg", "--out", tmp_path, *flags, *setup_args)
+    assert status == EXIT_OK
+    native = json.loads((tmp_path / "grace_hopper_pose.json").read_text())
+    assert len(native["persons"][0]["keypoints"]) == 308
+    suffixes = {"coco17": "_coco17.json", "wholebody133": "_wholebody.json", "openpose": "_openpose.json"}
+    extras = {suffixes[name] for part in chosen for name in part.split(",")}
+    assert {f"grace_hopper{suffix}" for suffix in extras} <= files_under(tmp_path)
+
+
+def test_the_keypoint_format_help_says_the_native_file_always_comes():
+    (formats,) = [action for action in build_parser()._actions if action.dest == "keypoint_format"]
+    assert "_pose.json" in formats.help and "always" in formats.help
+    assert "default sapiens308 only" in formats.help
 
 
 def test_body_part_masks_from_the_command_line(photos, setup_args, tmp_path):
@@ -170,7 +189,7 @@ def test_fast_default_precision_and_the_library_one_are_stated_in_the_help():
     ("argv", "message"),
     [
         (["pose", "x", "--out", "o", "--threshold", "2"], "between 0 and 1"),
-        (["pose", "x", "--out", "o", "--keypoint-format", "body25"], "must be any of sapiens308, coco17"),
+        (["pose", "x", "--out", "o", "--keypoint-format", "body25"], "any of coco17, wholebody133, openpose"),
         (["segment", "x", "--out", "o", "--background-color", "mauve-ish"], "must be a colour"),
         (["pose", "x", "--out", "o", "--opacity", "0.5"], "--opacity is an option of segment, not of pose"),
         (["all", "x", "--out", "o", "--model", "some/where"], "choose one task"),

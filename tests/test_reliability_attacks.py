@@ -262,7 +262,7 @@ def test_a_normal_photo_stays_within_the_memory_budget_in_every_tab(server, clie
         *pictures, summary, _, files = client.predict(handle_file(str(path)), api_name="/all")
     report(f"/all with a {size[0] * size[1] / 1e6:.0f}-megapixel photo", memory)
     assert memory.growth < budget
-    assert len(files) == 16  # within the output limit: nothing refused
+    assert len([path for path in files if not path.endswith(".zip")]) == 16  # within the limit: none refused
 
 
 def test_a_decode_past_its_deadline_is_abandoned_and_the_server_goes_on(server, client, tmp_path):

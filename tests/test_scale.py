@@ -163,6 +163,7 @@ def test_a_broken_photo_in_a_block_of_good_ones_fails_alone(ray_session, small_m
     )  # fmt: skip
     assert status == EXIT_OK, printed  # one block of three rows: the good photos' rows beside a failed one
     assert "2 files written" in printed and "segment: 2 photos" in printed and "1 failure:" in printed
+    assert f"and {out}/failures/ (one row per failure)." in printed  # pointed at, as it was written
     assert sorted(table(out / "predictions/segment")["stem"]) == ["a", "c"]
     (failed,) = table(out / "failures").to_dict("records")
     assert (failed["path"], failed["task"], failed["stage"]) == (str(folder / "b.jpg"), "segment", "decode")
@@ -195,7 +196,8 @@ def test_a_ray_run_prints_its_summary_and_no_logs_or_warnings_of_its_own(small_m
     )
     printed = done.stdout + done.stderr
     assert done.returncode == EXIT_OK, printed[-3000:]
-    assert f"Tables: {out}/predictions/<task>/ (one row per photo) and {out}/failures/ (Parquet)." in printed
+    assert f"Tables (Parquet): {out}/predictions/<task>/ (one row per photo)." in printed
+    assert "failures/" not in printed and not (out / "failures").exists(), "no pointer to a table not written"
     assert "//" not in re.sub(r"\w+://", "", printed), printed
     assert not re.search(r"sapiens2/\S+\.py:\d+: \w*Warning", printed), printed
     assert "ArrowConversionError" not in printed and "logging_progress" not in printed, printed

@@ -107,7 +107,8 @@ def test_pose_writes_the_keypoint_formats_chosen_and_the_controlnet_picture(runt
     formats = ["openpose", "coco17", "wholebody133"]
     result = runtime.run("pose", photo, keypoint_format=formats, threshold=0.0)
     names = sorted(path.name for path in result.export(tmp_path, "photo"))
-    expected = ["photo_coco17.json", "photo_controlnet.png", "photo_openpose.json", "photo_wholebody.json"]
+    expected = ["photo_coco17.json", "photo_controlnet.png", "photo_openpose.json", "photo_pose.json"]
+    expected.append("photo_wholebody.json")  # beside the native _pose.json, never instead of it
     assert names == expected
     persons = result.prediction.persons
     people = json.loads((tmp_path / "photo_openpose.json").read_text())["people"]
@@ -118,7 +119,7 @@ def test_pose_writes_the_keypoint_formats_chosen_and_the_controlnet_picture(runt
     assert controlnet.shape == (*photo.original_size, 3) and controlnet.any()
     stored = np.asarray(Image.open(tmp_path / "photo_controlnet.png").convert("RGB"))
     np.testing.assert_array_equal(stored, controlnet)
-    with pytest.raises(ValueError, match="keypoint_format' must be any of sapiens308, coco17"):
+    with pytest.raises(ValueError, match="keypoint_format' must be any of coco17, wholebody133, openpose"):
         runtime.run("pose", photo, keypoint_format="coco18")
 
 

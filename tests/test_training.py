@@ -358,3 +358,20 @@ def test_a_pretrained_backbone_gets_a_new_official_head(workspace, tmp_path):
     # One step from the pretrained weights: the backbone moved by at most a few learning rates.
     name = "blocks.1.attn.wq.weight"
     assert float((trained[f"backbone.{name}"] - pretrained[name]).abs().max()) < 1e-3
+
+
+def test_a_one_point_validation_panel_sits_in_the_run_with_its_value_written():
+    from matplotlib import pyplot
+
+    train = [{"kind": "train", "step": step, "loss": 1.0 / step, "lr": 1e-4} for step in range(1, 11)]
+    figure = curves_figure([*train, {"kind": "val", "step": 10, "epoch": 1, "pck": 0.42, "error_px": 0.0}])
+    loss_axis, _, pck_axis, error_axis = figure.axes
+    figure.canvas.draw()
+    for axis in (pck_axis, error_axis):
+        assert axis.get_xlim() == loss_axis.get_xlim() and axis.get_xlim()[0] <= 1 <= 10 <= axis.get_xlim()[1]
+        assert all(float(tick).is_integer() for tick in axis.get_xticks()), axis.get_xticks()
+    assert [text.get_text() for text in pck_axis.texts] == ["0.42"]
+    low, high = pck_axis.get_ylim()
+    assert low < 0.42 < high and high - low > 0.1, "not an axis of rounding noise around one value"
+    assert [text.get_text() for text in error_axis.texts] == ["0"] and error_axis.get_ylim() == (-1.0, 1.0)
+    pyplot.close(figure)

@@ -265,9 +265,15 @@ def _env_repo_dir(repo_id: str) -> Path | None:
 def offline_instructions(repo_id: str) -> str:
     """How to run `repo_id` without the Hub, in plain words: no brackets, server paths or markup, so that a
     web page shows it as written and it tells nothing about the server."""
+    # Official repos hold their weights twice (model.safetensors and the original file), but for the 4K
+    # backbone's, which transformers does not know: it holds its original file alone.
+    original = presets.original_file_name(repo_id)
+    variant = original is not None and presets.parse_checkpoint_name(original)[0] in presets.VARIANTS
+    weights = f"--include {original if variant else WEIGHTS_NAME}"
     return (
         f"To run without the Hub, download it on a machine with internet access (hf download {repo_id} "
-        f"--local-dir checkpoints/{repo_id}), copy the checkpoints folder here and start with "
+        f'--include "*.json" {weights} --local-dir checkpoints/{repo_id}: the include patterns skip the '
+        f"second copy of the weights the repo holds), copy the checkpoints folder here and start with "
         f"--checkpoint-dir checkpoints (or {CHECKPOINT_DIR_ENV}=checkpoints) and HF_HUB_OFFLINE=1."
     )
 

@@ -64,10 +64,14 @@ def _exporter(points: np.ndarray, rgb: np.ndarray, foreground: np.ndarray, docum
 def _camera_sentence(camera: Intrinsics | None) -> str:
     if camera is None:
         return "Too few points to fit the camera from."
-    return (
-        f"The camera they imply: fx {camera.fx:.1f}, fy {camera.fy:.1f}, cx {camera.cx:.1f}, "
-        f"cy {camera.cy:.1f} px (fit residual {camera.residual:.2f} px)."
-    )
+    fx, fy, cx, cy = (_pixels(value) for value in (camera.fx, camera.fy, camera.cx, camera.cy))
+    residual = f"fit residual {camera.residual:.2f} px"
+    return f"The camera they imply: fx {fx}, fy {fy}, cx {cx}, cy {cy} px ({residual})."
+
+
+def _pixels(value: float) -> str:
+    """A pixel value to one decimal, without the minus sign of a value that rounds to zero ("-0.0")."""
+    return f"{value:.1f}".replace("-0.0", "0.0") if abs(value) < 0.05 else f"{value:.1f}"
 
 
 def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:

@@ -19,7 +19,13 @@ from sapiens2.vision.images import LoadedImage, load_image
 
 OPTIONS = (
     Option("background_color", "Background colour", "color", "#00b140"),
-    Option("background_image", "Background image (optional)", "image", None),
+    Option(
+        "background_image",
+        "Background image (replaces the colour)",
+        "image",
+        None,
+        overrides="background_color",
+    ),
 )
 
 

@@ -39,8 +39,16 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
             *write_normals(directory, stem, unit),
             *write_normals_png(directory, stem, unit),
         ],
-        summary=f"Surface normals of {shown:,} {'pixels' if background is None else 'person pixels'}.",
+        summary=f"Surface normals of {shown:,} {'pixels' if background is None else 'person pixels'}. "
+        + SIXTEEN_BIT_HINT,
     )
+
+
+# Pillow opens a 16-bit RGB PNG as 8 bits per channel, silently: the download says how to keep its 16 bits.
+SIXTEEN_BIT_HINT = (
+    "_normals_16bit.png keeps 16 bits per channel (n = value / 65535 x 2 - 1): read it with "
+    "cv2.imread(path, cv2.IMREAD_UNCHANGED)[..., ::-1] (OpenCV gives BGR) or imageio, not Pillow (8 bits)."
+)
 
 
 PIPELINE = Pipeline(

@@ -43,6 +43,12 @@ class Option:
     step: float | None = None
     help: str = ""
     choices: tuple[str, ...] = ()  # for "choices": the names any number of which may be chosen
+    # For "choices": names always in the value, whether given or not (accepted when given, offered nowhere):
+    # what a task always writes beside the extras chosen.
+    always: tuple[str, ...] = ()
+    # The option this one replaces when it is given (matting's background image over its colour): the page
+    # turns that one's control off meanwhile.
+    overrides: str | None = None
     # For "choices" whose names depend on the model (a fine-tuned model's classes): the choices a model's
     # config offers. Names beyond `choices` are then kept, for the task to check against its model's own.
     model_choices: Callable[[Sapiens2Config], tuple[str, ...]] | None = None
@@ -64,7 +70,8 @@ class Option:
         if self.kind == "checkbox":
             return "on" if self.default else "off"
         if self.kind == "choices":
-            return ", ".join(self.default) or "none"
+            only = f"{', '.join(self.always)} only" if self.always else "none"
+            return ", ".join(self.default) or only
         return f"{self.default:g}" if self.kind == "slider" else str(self.default)
 
     def coerce(self, value: Any) -> Any:
@@ -106,14 +113,15 @@ class Option:
         """The names chosen, from a list of names or one string of names separated by commas, in the order
         of `choices` (then, with `model_choices`, the other names in the order given)."""
         names = value.split(",") if isinstance(value, str) and len(value) <= 200 else value
-        allowed = f"any of {', '.join(self.choices)} (a list, or names separated by commas)"
+        always = f"; {', '.join(self.always)} always comes too" if self.always else ""
+        allowed = f"any of {', '.join(self.choices)} (a list, or names separated by commas{always})"
         if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
             raise RequestError(f"Option '{self.name}' must be {allowed}, not {shown(value)}.")
         chosen = list(dict.fromkeys(name.strip() for name in names if name.strip()))
-        unknown = [name for name in chosen if name not in self.choices]
+        unknown = [name for name in chosen if name not in (*self.always, *self.choices)]
         if unknown and (self.model_choices is None or len(chosen) > _MAX_NAMES):
             raise RequestError(f"Option '{self.name}' must be {allowed}, not {shown(sorted(unknown)[0])}.")
-        return tuple(name for name in self.choices if name in chosen) + tuple(unknown)
+        return (*self.always, *(name for name in self.choices if name in chosen), *unknown)
 
     def _flag(self, value: Any) -> bool:
         if isinstance(value, bool):

@@ -50,12 +50,14 @@ OPTIONS = (
     Option("show_boxes", "Show person boxes", "checkbox", True),
     Option(
         "keypoint_format",
-        "Keypoint files",
+        "Extra keypoint files (the 308 points' _pose.json always comes)",
         "choices",
-        (NATIVE,),
-        choices=(NATIVE, *FORMAT_NAMES),
-        help="sapiens308: the 308 points (_pose.json); coco17 and wholebody133: COCO results files "
-        "(_coco17.json, _wholebody.json); openpose: OpenPose's JSON (_openpose.json).",
+        (),
+        choices=FORMAT_NAMES,
+        always=(NATIVE,),
+        help="Added beside the 308 points' _pose.json (sapiens308), which is always written: coco17 and "
+        "wholebody133 as COCO results files (_coco17.json, _wholebody.json), openpose as OpenPose's JSON "
+        "(_openpose.json).",
     ),
 )
 NATIVE_SUFFIX = "_pose.json"

@@ -11,6 +11,8 @@ from sapiens2.tasks import TASKS, video_options
 
 FIRST_TASK = next(iter(TASKS))
 FEW_CHOICES = 8  # a "choices" option with more names is a dropdown of them, not a row of checkboxes
+MATTES = ("Mask", "Alpha")  # pictures white where full: tinted on the page (app.CSS, .studio-matte)
+RESULT = "studio-result"  # a tab's first result: scrolled into view on a phone when it arrives (app.PAGE_JS)
 
 
 def task_choice() -> gr.Radio:
@@ -79,7 +81,7 @@ def control(option: Option) -> gr.components.Component:
 
 def picture_outputs(titles: Sequence[str], elem_id: str) -> list[gr.Image]:
     """The first picture large (with `elem_id`), the others side by side under it (`elem_id`-2, -3, ...)."""
-    main = shown_picture(titles[0], 520, elem_id)
+    main = shown_picture(titles[0], 520, elem_id, result=True)
     if len(titles) == 1:
         return [main]
     with gr.Row():
@@ -87,9 +89,25 @@ def picture_outputs(titles: Sequence[str], elem_id: str) -> list[gr.Image]:
     return [main, *rest]
 
 
-def shown_picture(title: str, height: int, elem_id: str | None = None, show_label: bool = True) -> gr.Image:
+def shown_picture(
+    title: str,
+    height: int,
+    elem_id: str | None = None,
+    show_label: bool = True,
+    result: bool = False,
+    picture: str | None = None,
+) -> gr.Image:
+    """An output picture titled `title`; `result` marks a tab's first result, `picture` names what it shows
+    when the title does not (an All tasks tile)."""
+    classes = [*(["studio-matte"] if (picture or title) in MATTES else []), *([RESULT] if result else [])]
     return gr.Image(
-        label=title, type="filepath", height=height, interactive=False, elem_id=elem_id, show_label=show_label
+        label=title,
+        type="filepath",
+        height=height,
+        interactive=False,
+        elem_id=elem_id,
+        show_label=show_label,
+        elem_classes=classes,
     )
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import gradio as gr
 
 from sapiens2.batch.video import VideoJob, process_video
+from sapiens2.errors import LimitError, OutOfSpaceError
+from sapiens2.outputs.bundle import write_zip
 from sapiens2.outputs.exports import write_picture
 from sapiens2.outputs.pictures import fit_for_display
 from sapiens2.outputs.results import FrameFollower, TaskResult
@@ -26,6 +28,7 @@ from sapiens2.progress import Progress, within
 from sapiens2.runtime import Runtime
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.serving.disk_room import check_room
 from sapiens2.serving.frames import frame_image
 from sapiens2.serving.live_streams import StreamWatch
 from sapiens2.serving.requests import (
@@ -135,6 +138,7 @@ def overview_handler(
             stage(page, "writing files")
             files_out = [p for r in results for p in r.export(folder / r.task, stem)]
             check_output(scratch, folder)
+            files_out = [*bundle(scratch, folder, f"{stem}_all_tasks.zip", files_out), *files_out]
         lines = [f"{TASKS[r.task].title}: {summary(r) or 'done.'}" for r in results]
         timings = [f"{TASKS[r.task].title}: {r.timing_line()}" for r in results]
         yield [*shown, "\n\n".join(lines), "\n".join(timings), [str(p) for p in files_out]]
@@ -143,6 +147,19 @@ def overview_handler(
 
 
 WAITING_TILE = "waiting its turn"
+
+
+def bundle(scratch: ScratchSpace, folder: Path, name: str, files: Sequence[Path]) -> list[Path]:
+    """[the zip of `files`, each in its task's folder], or [] when the zip, counted at their size, would
+    take the request past its output limit or the disk's free room (the files stay offered one by one)."""
+    size = scratch.folder_bytes(folder)
+    try:
+        Limits.from_env().check_output(2 * size)
+        check_room(2 * size)
+    except (LimitError, OutOfSpaceError):
+        log.info("All tasks: %d bytes of files, too many to zip as well", size)
+        return []
+    return [write_zip(folder / name, files, folder)]
 
 
 def tile_status(text: str) -> gr.Image:
@@ -256,12 +273,17 @@ def live_handler(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> Ca
                 gap = now - state.times[-1] if state.times else LIVE_FRAME_SECONDS
                 result = state.follower.follow(frame.rgb, result, gap)
         state.times = (state.times + [now])[-LIVE_WINDOW:]
-        times = state.times
-        fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
-        line = f"**{fps:.1f} frames per second** · {entry.title} · {result.timing_line()}"
+        line = f"**{live_rate(state.times)}** · {entry.title} · {result.timing_line()}"
         return result.pictures[0][1], line, state
 
     return on_frame
+
+
+def live_rate(times: Sequence[float]) -> str:
+    """The live frame rate over the shown frames' times; the first frame has none yet (not "0.0")."""
+    if len(times) < 2 or times[-1] <= times[0]:
+        return "first frame, measuring the frame rate"
+    return f"{(len(times) - 1) / (times[-1] - times[0]):.1f} frames per second"
 
 
 def _live_follower(runtime: Runtime, entry: Task) -> FrameFollower | None:

@@ -78,36 +78,52 @@ def reporter(progress: gr.Progress | None) -> Progress | None:
     return PageProgress(progress)
 
 
-@dataclass(frozen=True)
+@dataclass
 class PageProgress:
     """A request's progress bar as the runtime's progress(fraction, text): plain data that pickles, so a
-    device worker can report through it (Gradio sends its updates to the page from wherever it is called)."""
+    device worker can report through it (Gradio sends its updates to the page from wherever it is called).
+    The bar never goes back: a text without a fraction, or with a smaller one, keeps the bar where it is."""
 
     bar: gr.Progress
+    shown: float = 0.0
 
     def __call__(self, fraction: float | None, text: str) -> None:
-        self.bar(fraction, desc=text)
+        self.shown = max(self.shown, fraction or 0.0)
+        self.bar(self.shown, desc=text)
 
 
 # Where a one-photo request's stages sit on its progress bar (Gradio 6 shows a text only with a fraction):
 # the model's loading fills the first LOADING_SHARE with its own fraction, each later stage starts here.
 LOADING_SHARE = 0.3
-STAGE_SHARES = (("detecting", 0.35), ("running the model", 0.5), ("drawing", 0.8), ("writing files", 0.95))
+STAGE_SHARES = (
+    ("detecting", 0.35),
+    ("running the model", 0.5),
+    ("running the body-part model", 0.65),  # normals' and depth's background, after their own model
+    ("drawing", 0.8),
+    ("writing files", 0.95),
+)
 
 
-@dataclass(frozen=True)
+@dataclass
 class StagedProgress:
     """A one-photo request's progress bar: stage texts, which come without a fraction, placed by the stage
-    they name; fractions (the model's loading) scaled into the bar's first part. It pickles."""
+    they name; fractions (a model's loading) scaled into the bar's first part. The bar only grows: a second
+    model's loading, or a stage it does not know, keeps it where it is, with the new text. It pickles."""
 
-    bar: gr.Progress
+    bar: gr.Progress | None
+    shown: float = 0.0
 
-    def __call__(self, fraction: float | None, text: str) -> None:
+    def place(self, fraction: float | None, text: str) -> float:
+        """Where the bar stands after this report."""
         if fraction is None:
             fraction = next((share for start, share in STAGE_SHARES if text.startswith(start)), 0.0)
         else:
             fraction = LOADING_SHARE * fraction
-        self.bar(fraction, desc=text)
+        self.shown = max(self.shown, fraction)
+        return self.shown
+
+    def __call__(self, fraction: float | None, text: str) -> None:
+        self.bar(self.place(fraction, text), desc=text)
 
 
 def stage(report: Progress | None, text: str) -> None:

@@ -7,7 +7,7 @@ import contextvars
 import queue
 import threading
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sapiens2.progress import Progress
@@ -17,26 +17,25 @@ T = TypeVar("T")
 _DONE = object()
 
 
-@dataclass(frozen=True)
+@dataclass
 class Relay:
-    """The work's progress(fraction, text): to the page's bar as it is, and to the generator placed as a
-    one-photo request's stages. It pickles (to a device worker) without the generator's side, which only
-    this process can read."""
+    """The work's progress(fraction, text), placed once as a one-photo request's stages (only growing), and
+    that one fraction sent to the page's bar and to the generator, so a tile and the whole run's bar agree.
+    It pickles (to a device worker) without the generator's side, which only this process can read."""
 
     page: Progress | None
     tell: Callable[[float, str], None] | None
+    staged: StagedProgress = field(default_factory=lambda: StagedProgress(None))
 
     def __call__(self, fraction: float | None, text: str) -> None:
+        placed = self.staged.place(fraction, text)
         if self.page is not None:
-            self.page(fraction, text)
+            self.page(placed, text)
         if self.tell is not None:
-            StagedProgress(self._told)(fraction, text)
-
-    def _told(self, fraction: float, desc: str) -> None:
-        self.tell(fraction, desc)
+            self.tell(placed, text)
 
     def __reduce__(self) -> tuple:
-        return Relay, (self.page, None)
+        return Relay, (self.page, None, self.staged)
 
 
 def streamed(

@@ -59,6 +59,7 @@ def curves_figure(rows: list[dict[str, Any]]):
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
+    from matplotlib.ticker import MaxNLocator
 
     train = [row for row in rows if row.get("kind") == "train"]
     validation = [row for row in rows if row.get("kind") == "val"]
@@ -79,7 +80,19 @@ def curves_figure(rows: list[dict[str, Any]]):
     lr_axis.plot(steps, [row.get("lr") for row in train], marker=".")
     lr_axis.set(title="peak learning rate", xlabel="step")
     for axis, name in zip(axes[0][2:], val_names, strict=True):
-        axis.plot([row["step"] for row in validation], [row.get(name) for row in validation], marker="o")
+        points = [(row["step"], row[name]) for row in validation if isinstance(row.get(name), (int, float))]
+        axis.plot([step for step, _ in points], [value for _, value in points], marker="o")
         axis.set(title=f"validation {name}", xlabel="step")
+        if len(points) == 1:  # one point: its value written beside it, on an axis centred on it
+            (step, value), = points
+            margin = abs(value) * 0.5 or 1.0
+            axis.set_ylim(value - margin, value + margin)
+            axis.annotate(f"{value:.4g}", (step, value), textcoords="offset points", xytext=(6, 6))
+    # Every panel spans the run's steps on whole-step ticks, so a panel of one point is placed in the run
+    # rather than centred on an axis of fractional steps.
+    last = max((row["step"] for row in rows if isinstance(row.get("step"), (int, float))), default=1)
+    for axis in axes[0]:
+        axis.set_xlim(0, max(last, 1) * 1.05)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     figure.tight_layout()
     return figure

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -128,6 +129,20 @@ def _import_ultralytics() -> None:
     Image.open = patches._image_open
 
 
+def weights_folder() -> Path:
+    """Ultralytics' folder for the weights it downloads (`yolo settings` shows it as weights_dir)."""
+    from ultralytics.utils import SETTINGS
+
+    return Path(SETTINGS["weights_dir"])
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove those of `folders` (deepest first) that exist and are empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 class YoloPersonDetector:
     """Ultralytics YOLO restricted to persons, loaded on first use.
 
@@ -158,19 +173,20 @@ class YoloPersonDetector:
     def _load(self):
         _import_ultralytics()
         from ultralytics import YOLO
-        from ultralytics.utils import SETTINGS
 
         source = Path(self.weights)
         if not source.is_absolute() and not source.is_file():
             # A released name: keep it in ultralytics' weights folder, not the current directory.
-            source = Path(SETTINGS["weights_dir"]) / self.weights
+            source = weights_folder() / self.weights
             if not source.is_file() and _offline():
                 raise DetectorError(
                     f"{self.weights} is not in {source.parent} and YOLO_OFFLINE forbids downloading it"
                 )
+        made = [folder for folder in (source.parent, *source.parent.parents) if not folder.exists()]
         try:
             model = YOLO(str(source))
         except Exception as error:
+            _remove_empty(made)  # a failed download leaves no empty weights folder behind
             raise DetectorError(f"cannot load detector weights {source}: {error}") from error
         first = model.names.get(PERSON_CLASS)
         if first != "person":

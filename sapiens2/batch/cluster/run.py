@@ -351,7 +351,10 @@ def _summary(runs: list[TaskRun], inputs: list[dict], seconds: float, out: Place
             )
             print(f"    seconds per photo: {stages}")
             print(f"    model stages ran on {count(len(totals.nodes), 'node')}")
-    print(f"Tables: {tables[0]}/ (one row per photo) and {tables[1]}/ (Parquet).")
+    # The failures table holds the inputs' and the photos' failures; it is written only when there are some.
+    tabled = inputs or any(r.totals.failures for r in runs)
+    failed = f" and {tables[1]}/ (one row per failure)" if tabled else ""
+    print(f"Tables (Parquet): {tables[0]}/ (one row per photo){failed}.")
     if failures:
         print(f"{count(len(failures), 'failure')}:")
         for item in failures[:SHOWN_FAILURES]:
