@@ -57,7 +57,9 @@ def default_budget(device: torch.device, usable: int | None = None) -> int:
     if device.type == "cuda":
         return int(DEFAULT_CUDA_BUDGET_GIB * GIB)
     usable = usable_memory_bytes() if usable is None else usable
-    return max(usable - MEMORY_KEPT_FOR_WORK, usable // 4)
+    budget = max(usable - MEMORY_KEPT_FOR_WORK, usable // 4)
+    log.info("model cache: %.2f GiB of the %.2f GiB this process may use", budget / GIB, usable / GIB)
+    return budget
 
 
 @dataclass
