@@ -67,7 +67,8 @@ class Space:
             self.process = subprocess.Popen(
                 command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        self.client = self._connect()
+        # Compiling the blocks at start-up takes minutes on a busy CPU (seconds to a minute on a GPU).
+        self.client = self._connect(timeout=1200.0 if compile_ahead else 300.0)
         self.startup_pids = list(self.api.pids)  # the worker of the start-up compile, when there is one
 
     def _connect(self, timeout: float = 300.0) -> Client:
