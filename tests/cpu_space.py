@@ -191,6 +191,8 @@ def drive_every_tab(
         start = time.perf_counter()
         run.answers[name] = list(call())
         run.first_use_seconds[name] = time.perf_counter() - start
+        seconds, peak = run.first_use_seconds[name], peak_bytes(group) / 1e9
+        print(f"{name}: {seconds:.1f} s, peak {peak:.2f} GB", flush=True)
 
     for endpoint in PHOTO_ENDPOINTS:
         timed(endpoint, lambda endpoint=endpoint: app.client.predict(photo, api_name=endpoint))
