@@ -29,4 +29,7 @@ timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 |
 timeout 300 "$PYTHON" bench/bench_cuda.py --compile --live --json "$OUT/bench_cuda.json" 2>&1 \
     | tee "$OUT/bench_cuda.log" || status=1
 timeout 150 "$PYTHON" -m bench.bench_train_cuda 2>&1 | tee "$OUT/bench_train_cuda.log" || status=1
+# Ahead-of-time compiled blocks (the ZeroGPU start-up's path) against eager, 0.4b and 1b at batches 1 and 4.
+timeout 240 "$PYTHON" bench/bench_aot_cuda.py --json "$OUT/bench_aot_cuda.json" 2>&1 \
+    | tee "$OUT/bench_aot_cuda.log" || status=1
 exit $status

@@ -215,7 +215,11 @@ class Settings:
         "SAPIENS2_COMPILE", False, FLAG, "run the models through torch.compile (--compile)"
     )
     cache_gb: float | None = _setting(
-        "SAPIENS2_CACHE_GB", None, POSITIVE, "gigabytes of loaded models kept", shown="16 on CUDA, else 12"
+        "SAPIENS2_CACHE_GB",
+        None,
+        POSITIVE,
+        "gigabytes of loaded models kept",
+        shown="16 on CUDA, else the memory the process may use (its cgroup's limit) less 6",
     )
     checkpoint_dir: str | None = _setting(
         "SAPIENS2_CHECKPOINT_DIR",
@@ -230,6 +234,12 @@ class Settings:
         TEXT,
         "the person detector: an ultralytics name or a .pt file (--detector)",
         shown="yolo11m.pt",
+    )
+    zerogpu_aot: bool = _setting(
+        "SAPIENS2_ZEROGPU_AOT",
+        True,
+        ONE,
+        "on ZeroGPU, compile the start-up models' blocks ahead of time (0: eager)",
     )
     warm_heap: bool = _setting(
         "SAPIENS2_WARM_HEAP", False, ONE, "keep freed memory mapped (faster large results, higher peak)"

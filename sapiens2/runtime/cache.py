@@ -13,13 +13,18 @@ import torch
 from torch import nn
 
 from sapiens2.models.device import release_cached_memory
+from sapiens2.runtime.memory_limit import usable_memory_bytes
 from sapiens2.settings import Settings, current
 
 GIB = 1024**3
 # Room for a 5b model in bf16 (about 10 GiB) plus the body-part model on a 24 GB GPU, with headroom
 # for activations at 1024x768.
 DEFAULT_CUDA_BUDGET_GIB = 16.0
-DEFAULT_CPU_BUDGET_GIB = 12.0
+# Elsewhere the models share the memory the process may use (its cgroup's limit, else the machine's) with
+# what is not a model: the web server and the image decoders (about 1.5 GiB together) and the All-tasks
+# run of a 12 MP photo (its pictures, maps and exports, about 3 GiB at its peak, measured in a 16 GB cgroup:
+# docs/hosting.md). A quarter of the memory stays the floor on small machines.
+MEMORY_KEPT_FOR_WORK = 6 * GIB
 
 Loader = Callable[..., nn.Module]
 log = logging.getLogger("sapiens2.models")
@@ -34,9 +39,18 @@ def model_bytes(model: nn.Module) -> int:
 def budget_from_env(device: torch.device, settings: Settings | None = None) -> int:
     """The cache budget in bytes: SAPIENS2_CACHE_GB, else a default for the device type."""
     gigabytes = (settings or current()).cache_gb
-    if gigabytes is None:
-        gigabytes = DEFAULT_CUDA_BUDGET_GIB if device.type == "cuda" else DEFAULT_CPU_BUDGET_GIB
-    return int(gigabytes * GIB)
+    return default_budget(device) if gigabytes is None else int(gigabytes * GIB)
+
+
+def default_budget(device: torch.device, usable: int | None = None) -> int:
+    """16 GiB of a GPU's memory; elsewhere the memory the process may use (`usable`, default: its cgroup's
+    limit or the machine's) less what serving and a 12 MP photo need beside the models."""
+    if device.type == "cuda":
+        return int(DEFAULT_CUDA_BUDGET_GIB * GIB)
+    usable = usable_memory_bytes() if usable is None else usable
+    budget = max(usable - MEMORY_KEPT_FOR_WORK, usable // 4)
+    log.info("model cache: %.2f GiB of the %.2f GiB this process may use", budget / GIB, usable / GIB)
+    return budget
 
 
 @dataclass

@@ -11,13 +11,19 @@ and result pickled through a queue; the worker is reused while the GPU stays idl
 - the one decorated entry point is the device boundary (`sapiens2.runtime.boundary`): plain `DeviceWork` in,
   `DeviceOutcome` out, with every error returned as data, so no worker dies of a bad photo;
 - each call asks for a duration computed from its work (`duration_for`), not a fixed one;
-- cancelling crosses by a flag in memory shared by the fork (`CANCEL_FLAGS`).
+- cancelling crosses by a flag in memory shared by the fork (`CANCEL_FLAGS`);
+- ahead of time, in one long GPU call at start-up, the start-up models' repeated transformer blocks are
+  captured (`spaces.aoti_capture`), exported and compiled (`spaces.aoti_compile`), once per block layout
+  (`sapiens2.models.aot`); every block then runs its compiled program on its own weights in every later call.
+  `spaces.aoti_apply` is not used: it drains the module's weights, and the blocks keep theirs to run eager
+  for an input the program was not compiled for and after any failure (said in one log line).
 
 Anywhere else (no `spaces` package, or `SPACES_ZERO_GPU` unset) `serve` changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -35,6 +41,7 @@ except ImportError:  # not a Space: nothing to adapt to
 import torch
 from torch import nn
 
+from sapiens2.models import aot
 from sapiens2.runtime import Runtime
 from sapiens2.runtime.boundary import CANCEL_FLAGS, DeviceOutcome, DeviceWork, run_device_work
 from sapiens2.runtime.jobs import current_job
@@ -56,6 +63,9 @@ CROPS_PER_PHOTO = {"pose": 4}
 PHOTO_SECONDS_FLOOR = 0.05  # detection, pre- and post-processing on the device
 MARGIN = 2.0  # the estimate doubled: ZeroGPU may stop a call that runs past what it asked for
 SHORTEST, LONGEST = 15, 120  # seconds; ZeroGPU refuses longer asks from most visitors
+# The start-up call that compiles: a Space's own start-up may ask for long calls (Hugging Face's example of
+# ahead-of-time compilation asks for 1500 s); a compile of one block layout takes about a minute on the GPU.
+AOT_SECONDS = 1500
 
 LIVE_UNAVAILABLE = (
     "The live webcam is off on this Space: ZeroGPU lends its GPU one call at a time, and a call per frame "
@@ -101,7 +111,28 @@ def serve(runtime: Runtime) -> Hosting:
     )
     _on_gpu = spaces.GPU(duration=duration_for)(_in_worker)
     runtime.device_boundary = _through_worker
+    if runtime.setup.zerogpu_aot:
+        compile_ahead(runtime)
+    seconds = time.perf_counter() - start
     return Hosting("ZeroGPU", LIVE_UNAVAILABLE, tuple(sorted(runtime.resident)), seconds)
+
+
+def compile_ahead(runtime: Runtime) -> int:
+    """Compile the start-up models' repeated blocks in one long GPU call and apply them; the number of blocks
+    that run compiled (none, after one log line, when anything fails: the models run eager)."""
+    models = {repo_id: runtime.model(repo_id) for repo_id in sorted(runtime.resident)}
+    models = {repo_id: model for repo_id, model in models.items() if aot.backbones(model)}
+    start = time.perf_counter()
+    on_gpu = spaces.GPU(duration=AOT_SECONDS)(_compile_in_worker)
+    blocks = aot.compiled_or_eager(models.values(), lambda: on_gpu(list(models)), _load_in_worker, _fallback)
+    if blocks:
+        log.info(
+            "ZeroGPU: %d blocks of %d models compiled ahead of time in %.1f s",
+            len(blocks),
+            len(models),
+            time.perf_counter() - start,
+        )
+    return len(blocks)
 
 
 def default_models() -> list[str]:
@@ -167,10 +198,43 @@ def _in_worker(work: DeviceWork) -> DeviceOutcome:
     has moved the start-up models there before the first call)."""
     runtime = _runtime
     assert runtime is not None, "serve() sets the runtime before the app starts"
+    _use_the_real_device(runtime)
+    return run_device_work(runtime, work)
+
+
+def _use_the_real_device(runtime: Runtime) -> None:
     real = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if runtime.device != real:
         runtime.use_device(real)
-    return run_device_work(runtime, work)
+
+
+_fallback = aot.Fallback()
+
+
+def _compile_in_worker(repo_ids: list[str]) -> dict[tuple, bytes]:
+    """Run in a GPU worker: each distinct block layout of the models, compiled by spaces' helpers; the
+    packages alone come back (each block brings its own weights where it runs)."""
+    runtime = _runtime
+    assert runtime is not None, "serve() sets the runtime before the app starts"
+    _use_the_real_device(runtime)
+    models = [runtime.model(repo_id) for repo_id in repo_ids]
+    sizes = [tuple(model.config.image_size) for model in models]
+    compiler = aot.Compiler(spaces.aoti_capture, _compile_with_spaces, _load_in_worker)
+    return aot.compile_models(models, sizes, compiler)
+
+
+def _compile_with_spaces(exported: torch.export.ExportedProgram) -> bytes:
+    return spaces.aoti_compile(exported).archive_file.getvalue()
+
+
+def _load_in_worker(archive: bytes, weights: dict[str, torch.Tensor]) -> Any:
+    """A compiled block loaded in this worker once, with spaces removing its unpacked files when the worker
+    ends (ZeroGPU ends workers without letting torch clean up)."""
+    from spaces.zero.torch import aoti as spaces_aoti
+
+    return aot.load_package(
+        archive, weights, getattr(spaces_aoti, "_register_aoti_cleanup", contextlib.nullcontext)
+    )
 
 
 def cpu_staged(loader: Any) -> Any:
