@@ -129,6 +129,11 @@ class DeviceAccount:
         )
 
 
+def request_seconds() -> int:
+    """The device seconds one request may hold (`SAPIENS2_MAX_DEVICE_SECONDS`), read for each request."""
+    return env_number(REQUEST_SECONDS_ENV, DEFAULT_REQUEST_SECONDS, 1)
+
+
 class DeviceBudget:
     """The app's device time: every client's ledger, and the limits (read for each request); a client is
     its address, as the upload quota counts it (`SAPIENS2_TRUSTED_PROXIES`)."""
@@ -142,7 +147,7 @@ class DeviceBudget:
         account = DeviceAccount(
             self.ledger,
             client,
-            env_number(REQUEST_SECONDS_ENV, DEFAULT_REQUEST_SECONDS, 1),
+            request_seconds(),
             env_number(CLIENT_SECONDS_ENV, DEFAULT_CLIENT_SECONDS, 1),
         )
         account.check_client()
