@@ -29,7 +29,7 @@ from sapiens2.serving.bodies import BodyLimit
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.connections import ConnectionGuard, check_guarded, guarded_connections
 from sapiens2.serving.device_slot import DeviceSlot
-from sapiens2.serving.device_time import DeviceBudget
+from sapiens2.serving.device_time import DeviceBudget, request_seconds
 from sapiens2.serving.live_streams import StreamWatch
 from sapiens2.serving.private_files import keep_files_private
 from sapiens2.serving.queue_share import share_the_queue
@@ -37,6 +37,7 @@ from sapiens2.serving.requests import cancellable
 from sapiens2.serving.scratch import ScratchSpace, drop_after_copy
 from sapiens2.serving.shutdown import exit_cleanly_on_signals
 from sapiens2.serving.uploads import UploadQuota
+from sapiens2.serving.video_budget import FrameSpeeds, video_header
 from sapiens2.settings import Settings, current, install
 from sapiens2.tasks import ALL_TASKS, TASKS, Task
 from sapiens2.tasks.local_models import Choices, local_choices
@@ -170,7 +171,7 @@ def build_app(
             with gr.Tab("All tasks", id="all"):
                 _overview_tab(runtime, scratch, slot, budget)
             with gr.Tab("Video", id="video"):
-                _video_tab(runtime, scratch, slot, budget, Limits.of(settings))
+                speeds = _video_tab(runtime, scratch, slot, budget, Limits.of(settings))
             with gr.Tab("Live webcam", id="live"):
                 if hosting.live_unavailable:
                     gr.Markdown(f"### Live webcam\n{hosting.live_unavailable}", elem_id="live-note")
@@ -180,6 +181,7 @@ def build_app(
     drop_after_copy(demo, scratch)
     demo.device_slot = slot
     demo.device_budget = budget
+    demo.frame_speeds = speeds
     demo.stream_watch = streams
     return demo
 
@@ -346,10 +348,17 @@ def _overview_tab(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, bud
 
 def _video_tab(
     runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, budget: DeviceBudget, limits: Limits
-) -> None:
-    """A short clip through a chosen task, frame by frame; endpoint /video."""
-    gr.Markdown(
-        f"### Video\nA short clip through one task; the first {limits.video_frames} frames are processed."
+) -> FrameSpeeds:
+    """A short clip through a chosen task, frame by frame; endpoint /video. Returns the clips' measured
+    speeds, which its note on a CPU reads."""
+    on_cpu = runtime.device.type == "cpu"
+    gr.Markdown(video_header(on_cpu, limits.video_frames, request_seconds()), elem_id="video-header")
+    speeds = FrameSpeeds()
+    budget_note = gr.Markdown(
+        handlers.video_budget_note(runtime, speeds, FIRST_TASK, None),
+        visible=on_cpu,
+        elem_classes="studio-note",
+        elem_id="video-budget",
     )
     with gr.Row(equal_height=False):
         with gr.Column(scale=2):
@@ -381,8 +390,8 @@ def _video_tab(
         queue=False,
         api_visibility="private",
     )
-    button.click(
-        cancellable(handlers.video_handler(runtime, scratch, slot), budget),
+    run = button.click(
+        cancellable(handlers.video_handler(runtime, scratch, slot, speeds), budget),
         inputs=[clip, choice, size, *controls],
         outputs=[shown, summary, files],
         api_name="video",
@@ -390,6 +399,15 @@ def _video_tab(
         show_progress_on=[shown],  # one bar, over the clip, not one per output
         **MODEL_EVENT,  # the upload reaches the handler untouched: only sapiens2.vision.video_files opens it
     )
+    if on_cpu:  # before a clip runs: how many of its frames fit the request's device time at the speed seen
+
+        def refresh(name: str, chosen: str | None) -> str:
+            return handlers.video_budget_note(runtime, speeds, name, chosen)
+
+        note = {"fn": refresh, "inputs": [choice, size], "outputs": budget_note, "queue": False}
+        gr.on([clip.upload, choice.change, size.change], **note, api_visibility="private")
+        run.then(**note, api_visibility="private")
+    return speeds
 
 
 def _live_tab(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch, places: int) -> None:

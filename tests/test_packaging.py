@@ -7,7 +7,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import tomllib
+
+try:
+    import tomllib  # novermin: Python 3.10 reads TOML with the backport below
+except ModuleNotFoundError:
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENCV_BUILDS = {"opencv-python", "opencv-python-headless", "opencv-contrib-python"}

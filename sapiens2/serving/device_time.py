@@ -125,6 +125,11 @@ class DeviceAccount:
         )
 
 
+def request_seconds() -> int:
+    """The device seconds one request may hold (`SAPIENS2_MAX_DEVICE_SECONDS`)."""
+    return current().max_device_seconds
+
+
 class DeviceBudget:
     """The app's device time: every client's ledger, and the limits (read for each request); a client is
     its address, as the upload quota counts it (`SAPIENS2_TRUSTED_PROXIES`)."""
@@ -138,7 +143,7 @@ class DeviceBudget:
         account = DeviceAccount(
             self.ledger,
             client,
-            current().max_device_seconds,
+            request_seconds(),
             current().device_seconds_per_client,
         )
         account.check_client()

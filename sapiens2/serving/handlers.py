@@ -28,6 +28,7 @@ from sapiens2.progress import Progress, within
 from sapiens2.runtime import Runtime
 from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.device_slot import DeviceSlot
+from sapiens2.serving.device_time import request_seconds
 from sapiens2.serving.disk_room import check_room
 from sapiens2.serving.frames import frame_image
 from sapiens2.serving.live_streams import StreamWatch
@@ -43,6 +44,7 @@ from sapiens2.serving.requests import (
 )
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.serving.streaming import streamed
+from sapiens2.serving.video_budget import FrameSpeeds, HoldTimer, budget_note
 from sapiens2.tasks import ALL_TASKS, TASKS, Task, get_task, video_options
 from sapiens2.vision.images import load_image
 from sapiens2.vision.limits import Limits
@@ -154,7 +156,7 @@ def bundle(scratch: ScratchSpace, folder: Path, name: str, files: Sequence[Path]
     take the request past its output limit or the disk's free room (the files stay offered one by one)."""
     size = scratch.folder_bytes(folder)
     try:
-        Limits.from_env().check_output(2 * size)
+        Limits.of().check_output(2 * size)
         check_room(2 * size)
     except (LimitError, OutOfSpaceError):
         log.info("All tasks: %d bytes of files, too many to zip as well", size)
@@ -167,9 +169,12 @@ def tile_status(text: str) -> gr.Image:
     return gr.Image(None, label=text[:1].upper() + text[1:], show_label=True)
 
 
-def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> Callable:
+def video_handler(
+    runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, speeds: FrameSpeeds | None = None
+) -> Callable:
     """The endpoint /video: (video, task, size, *video options) -> (the processed clip, summary, files); a
-    task without the size runs its default one, and the summary names the model that ran.
+    task without the size runs its default one, and the summary names the model that ran. The device
+    seconds per frame of each clip are recorded in `speeds` (the Video tab's note reads them).
 
     The video options (pose: track, smoothing, min_cutoff, beta, detect_every) are named parameters with
     their defaults for the runtime's device; a task takes those of its own and leaves the others.
@@ -204,13 +209,16 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
                 limits=limits,
             )
             report = reporter(progress)
+            repo_id = entry.repo_id(job.size)
+            with holding_device(slot, report):  # loaded first, so that the frames' speed is timed alone
+                runtime.prepare(repo_id, report)
             # The device is held batch by batch: other requests run between a clip's batches.
-            result = process_video(runtime, job, report, hold=lambda: holding_device(slot, report))
+            timer = HoldTimer(lambda: holding_device(slot, report))
+            result = process_video(runtime, job, report, hold=timer.hold)
+            if speeds is not None:
+                speeds.record(repo_id, timer.seconds, result.frames)
             check_output(scratch, folder)
-        line = (
-            f"{result.frames} frames at {result.frames_per_second:.1f} frames per second, "
-            f"with {entry.repo_id(job.size)}."
-        )
+        line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second, with {repo_id}."
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
         return str(result.video_path), summary_text, [str(p) for p in downloadable(result.files)]
 
@@ -218,6 +226,18 @@ def video_handler(runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot) -> 
         "video", {"task": FIRST_TASK, "size": TASKS[FIRST_TASK].default_size}, offered
     )
     return run_video
+
+
+def video_budget_note(runtime: Runtime, speeds: FrameSpeeds, task: str, size: str | None) -> str:
+    """The Video tab's note on a CPU: how many of a clip's frames fit a request's device time with the
+    chosen model at the speed measured here, and the command line for longer clips; empty elsewhere."""
+    if runtime.device.type != "cpu":
+        return ""
+    entry = get_task(task)
+    size = entry.size_or_default(size)
+    command = f"python -m sapiens2 {entry.name} clip.mp4 --size {size} --out results/"
+    most = Limits.of(runtime.setup).video_frames
+    return budget_note(entry.title, entry.repo_id(size), speeds, request_seconds(), most, command)
 
 
 def downloadable(paths: Sequence[Path]) -> list[Path]:
