@@ -10,8 +10,8 @@ from gradio_client import handle_file
 
 from sapiens2.serving import handlers
 from sapiens2.serving.video_budget import FrameSpeeds, HoldTimer, budget_note, frames_that_fit, video_header
-from sapiens2.tasks import TASKS
 from sapiens2.settings import Settings
+from sapiens2.tasks import TASKS
 from sapiens2.vision.limits import Limits
 
 DEFAULT_REQUEST_SECONDS = Settings().max_device_seconds
