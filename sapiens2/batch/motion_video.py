@@ -62,28 +62,33 @@ class VideoMotion:
         )
         return [pointmap_of(result) for result in results]
 
-    def add(self, rgb: np.ndarray, result: TaskResult, pointmap: np.ndarray) -> None:
-        """Record one frame: the persons of its pose result (followed: with their track ids)."""
-        prediction = result.prediction
-        persons = [p for p in prediction.detected if p.track_id is not None]
+    def add(self, rgb: np.ndarray, seen: TaskResult, followed: TaskResult, pointmap: np.ndarray) -> None:
+        """Record one frame: the keypoints of its pose result as the model `seen` them, with the track ids
+        of the result `followed` (the same persons, in the same order, smoothed over time for the pictures;
+        the motion is smoothed in 3-D instead, without the lag of a causal filter)."""
+        prediction = seen.prediction
+        tracked = followed.prediction.detected
+        raw = prediction.detected
+        pairs = [(r, t) for r, t in zip(raw, tracked, strict=True) if t.track_id is not None]
         if self.recorder is None:
             self.recorder = MotionRecorder(prediction.keypoint_names, self.fps, self.threshold)
         count = len(prediction.keypoint_names)
-        keypoints = np.array([p.keypoints for p in persons], dtype=np.float64).reshape(-1, count, 2)
-        scores = np.array([p.scores for p in persons], dtype=np.float64).reshape(-1, count)
-        ids = np.array([p.track_id for p in persons], dtype=np.int64)
-        self._persons += [(self.recorder.frames, person) for person in persons]
+        keypoints = np.array([r.keypoints for r, _ in pairs], dtype=np.float64).reshape(-1, count, 2)
+        scores = np.array([r.scores for r, _ in pairs], dtype=np.float64).reshape(-1, count)
+        ids = np.array([t.track_id for _, t in pairs], dtype=np.int64)
+        self._persons += [(self.recorder.frames, person) for _, person in pairs]
         self.recorder.add(keypoints, scores, ids, pointmap, rgb=rgb)
 
     def write(self, directory: str | os.PathLike, stem: str) -> list[Path]:
-        """The motion files; the persons' 3-D keypoints are set on them for the frame log, written after."""
+        """The motion files; the persons' 3-D keypoints are set on them for the frame log, written after:
+        as fitted (cleaned and smoothed) for the persons captured, as lifted for the others."""
         if self.recorder is None:
             return []
-        lifted: dict[int, np.ndarray] = {}
+        fitted = {motion.track_id: motion.keypoints for motion in self.recorder.motions()}
         for frame, person in self._persons:
-            if person.track_id not in lifted:
-                lifted[person.track_id] = self.recorder.points(person.track_id)[0]
-            person.keypoints_3d = lifted[person.track_id][frame]
+            if person.track_id not in fitted:
+                fitted[person.track_id] = self.recorder.points(person.track_id)[0]
+            person.keypoints_3d = fitted[person.track_id][frame]
         return self.recorder.write(directory, stem)
 
     def write_view(self, directory: str | os.PathLike, stem: str) -> Path | None:

@@ -441,10 +441,11 @@ def process_video(
                     stopped = error
                     break
                 for (index, rgb), result, pointmap in zip(batch, results, pointmaps, strict=True):
+                    seen = result
                     if follower is not None:
                         result = follower.follow(rgb, result, 1.0 / fps)
-                    if capture_motion is not None:
-                        capture_motion.add(rgb, result, pointmap)
+                    if capture_motion is not None:  # the keypoints as seen (smoothed later, without lag)
+                        capture_motion.add(rgb, seen, result, pointmap)
                     pictures = dict(result.pictures)
                     for sink, title in zip(sinks, [result.pictures[0][0], *shown], strict=False):
                         sink.write(pictures[title])

@@ -21,7 +21,10 @@ def bvh_suffix(track_id: int) -> str:
     return f"_motion_{track_id}.bvh"
 
 
-def _hierarchy(motion: Motion, out: io.StringIO) -> None:
+def _hierarchy(motion: Motion, out: io.StringIO) -> list[int]:
+    """Writes the HIERARCHY section; returns the joints with channels in the order it names them (the
+    order of the MOTION section's values)."""
+    order: list[int] = []
     children: dict[int, list[int]] = {j: [] for j in range(len(motion.names))}
     for j, parent in enumerate(motion.parents):
         if parent >= 0:
@@ -34,6 +37,7 @@ def _hierarchy(motion: Motion, out: io.StringIO) -> None:
             out.write(f"{pad}End Site\n{pad}{{\n{pad}\tOFFSET {x:.6f} {y:.6f} {z:.6f}\n{pad}}}\n")
             return
         root = motion.parents[j] < 0
+        order.append(j)
         out.write(f"{pad}{'ROOT' if root else 'JOINT'} {motion.names[j]}\n{pad}{{\n")
         out.write(f"{pad}\tOFFSET {x:.6f} {y:.6f} {z:.6f}\n")
         channels = (
@@ -46,13 +50,13 @@ def _hierarchy(motion: Motion, out: io.StringIO) -> None:
 
     out.write("HIERARCHY\n")
     joint(motion.parents.index(-1), 0)
+    return order
 
 
 def bvh_text(motion: Motion) -> str:
     """The BVH document of `motion` (units: metres and degrees; frame time from its frame rate)."""
     out = io.StringIO()
-    _hierarchy(motion, out)
-    moving = [j for j in range(len(motion.names)) if not motion.ends[j]]
+    moving = _hierarchy(motion, out)
     angles = unwrapped(euler_zxy(motion.local[:, moving]))  # (T, joints, 3)
     values = np.concatenate([motion.root, angles.reshape(motion.frames, -1)], axis=1)
     out.write(f"MOTION\nFrames: {motion.frames}\nFrame Time: {1.0 / motion.fps:.8f}\n")

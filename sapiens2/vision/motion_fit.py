@@ -32,7 +32,8 @@ SEARCH_METRES = 0.4  # how much farther than its reading a limb's point may move
 class Motion:
     """One person's animation: joint names and parents (-1: the root), rest offsets (J, 3) from each joint's
     parent in metres (the root's: zero), the root's position (T, 3), each joint's rotation relative to its
-    parent (T, J, 3, 3), and which frames the person was seen in (T,) bool, at `fps` frames a second.
+    parent (T, J, 3, 3), and which frames the person was seen in (T,) bool, at `fps` frames a second; with
+the keypoints (T, K, 3) it was fitted to, outliers dropped, gaps filled and smoothed (NaN: never seen).
     Axes: X right, Y up, Z towards the camera (the camera at the origin); the rest pose faces +Z."""
 
     track_id: int
@@ -44,6 +45,7 @@ class Motion:
     local: np.ndarray
     seen: np.ndarray
     fps: float
+    keypoints: np.ndarray | None = None  # (T, K, 3): the keypoints fitted, cleaned and smoothed
 
     @property
     def frames(self) -> int:
@@ -102,15 +104,17 @@ def drop_outliers(points: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
 
 def smooth_over_time(points: np.ndarray, sigma_frames: float) -> np.ndarray:
-    """Points (T, ...) smoothed by a Gaussian of `sigma_frames` along time (edges mirrored); NaN stays NaN."""
+    """Points (T, ...) smoothed by a Gaussian of `sigma_frames` along time; NaN stays NaN."""
     if sigma_frames < 0.3 or len(points) < 3:
         return points
     radius = int(np.ceil(3 * sigma_frames))
     kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma_frames) ** 2)
     kernel /= kernel.sum()
-    padded = np.pad(points, [(radius, radius)] + [(0, 0)] * (points.ndim - 1), mode="reflect")
-    if len(points) <= radius:  # reflect needs more frames than the radius: repeat the edges
-        padded = np.pad(points, [(radius, radius)] + [(0, 0)] * (points.ndim - 1), mode="edge")
+    widths = [(radius, radius)] + [(0, 0)] * (points.ndim - 1)
+    # Mirrored through the end values (odd reflection): a steady motion keeps its pace up to the last frame.
+    padded = np.pad(points, widths, mode="reflect", reflect_type="odd")
+    if len(points) <= radius:  # a reflection needs more frames than the radius: repeat the edges
+        padded = np.pad(points, widths, mode="edge")
     windows = np.lib.stride_tricks.sliding_window_view(padded, len(kernel), axis=0)
     return windows @ kernel
 
@@ -222,6 +226,7 @@ def fit_motion(
         local=local,
         seen=np.ones(frames, dtype=bool) if seen is None else np.asarray(seen, dtype=bool),
         fps=fps,
+        keypoints=filled,
     )
 
 
