@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import os
+import subprocess
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -269,8 +273,6 @@ def test_glb_animation_matches_the_bvh(captured):
 
 
 def test_frame_log_has_3d_keypoints(captured):
-    import json
-
     scene, result, folder, _ = captured
     document = json.loads(result.log_path.read_text())
     frame = document["frames"][FRAMES // 2]
@@ -286,3 +288,47 @@ def test_motion_note(captured):
     scene, result, folder, _ = captured
     note = next(note for note in result.notes if note.startswith("Motion:"))
     assert "2 persons" in note and "ms per person and frame" in note
+
+
+BLENDER_VENV = Path(os.environ.get("SAPIENS2_BLENDER_VENV", "/work/venvs/blender"))
+
+
+def _blender_python() -> Path:
+    """The Python of the venv holding Blender's `bpy` wheel (.ci/run makes it); skip when it is absent."""
+    python = BLENDER_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"Blender's bpy is not installed: no {python} (.ci/run makes it; bpy needs Python 3.11)")
+    probe = subprocess.run([str(python), "-c", "import bpy"], capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0:
+        pytest.skip(f"Blender's bpy does not import in {BLENDER_VENV}: {probe.stderr.strip()[-300:]}")
+    return python
+
+
+def test_blender_opens_the_files(captured):
+    """Blender itself imports every BVH and the GLB; its armatures' joints stand where the files put them
+    (bvhio's reading of the BVH, which the tests above hold to the ground truth) within 1 cm."""
+    python = _blender_python()
+    scene, result, folder, _ = captured
+    frames = [0, FRAMES // 2, FRAMES - 1]
+    files = [str(path) for path in sorted(result.motion_paths)]
+    script = Path(__file__).with_name("blender_read.py")
+    run = subprocess.run(
+        [str(python), str(script), str(FPS), ",".join(map(str, frames)), *files],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.split("MOTION-JSON ", 1)[1].splitlines()[0])
+    glb = report[str(folder / "crossing_motion.glb")]
+    for path in sorted(folder.glob("crossing_motion_*.bvh")):
+        track = path.stem.rsplit("_", 1)[1]
+        expected = _bvh_positions(path)
+        from_bvh = next(iter(report[str(path)].values()))
+        from_glb = glb[f"person_{track}"]
+        assert len(from_bvh) == len(expected) == len(from_glb)
+        for name, positions in expected.items():
+            for frame in frames:
+                assert np.linalg.norm(np.array(from_bvh[name][str(frame)]) - positions[frame]) < 0.01, name
+                placed = np.array(from_glb[f"{name}_{track}"][str(frame)])
+                assert np.linalg.norm(placed - positions[frame]) < 0.01, (name, frame)
