@@ -332,3 +332,31 @@ def test_blender_opens_the_files(captured):
                 assert np.linalg.norm(np.array(from_bvh[name][str(frame)]) - positions[frame]) < 0.01, name
                 placed = np.array(from_glb[f"{name}_{track}"][str(frame)])
                 assert np.linalg.norm(placed - positions[frame]) < 0.01, (name, frame)
+
+
+def test_motion_from_the_command_line(small_mirror, few_persons_yolo, tmp_path):
+    """`sapiens2 pose FOLDER --motion` with tiny random checkpoints (their keypoints and depths are noise):
+    every video gets its GLB and a BVH per person, and every file parses."""
+    import bvhio
+    import pygltflib
+    from test_cli import run_cli
+    from test_video import write_clip
+
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    for name in ("walk.mp4", "again.mp4"):
+        write_clip(clips / name, count=3)
+    out = tmp_path / "out"
+    setup = ["--checkpoint-dir", small_mirror, "--detector", few_persons_yolo, "--device", "cpu"]
+    status, printed = run_cli("pose", clips, "--out", out, "--motion", "--video-format", "mp4", *setup)
+    assert status == 0, printed
+    for stem in ("walk", "again"):
+        gltf = pygltflib.GLTF2().load(str(out / f"{stem}_motion.glb"))
+        bvh_files = sorted(out.glob(f"{stem}_motion_*.bvh"))
+        assert len(gltf.skins or []) == len(bvh_files) >= 1
+        for path in bvh_files:
+            root = bvhio.readAsHierarchy(str(path))
+            assert len(root.Keyframes) == 3 and len(root.layout()) == 50
+        frames = json.loads((out / f"{stem}_predictions.json").read_text())["frames"]
+        assert all(len(i["keypoints_3d"]) == 308 for frame in frames for i in frame["instances"])
+    assert "Motion: " in printed

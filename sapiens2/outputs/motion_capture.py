@@ -13,7 +13,7 @@ import numpy as np
 from sapiens2.outputs.bvh import write_bvh
 from sapiens2.outputs.motion_gltf import Backdrop, write_motion
 from sapiens2.vision.intrinsics import Intrinsics
-from sapiens2.vision.lifting import camera_of, insets, keypoint_depths, lift, own_depths
+from sapiens2.vision.lifting import camera_of, insets, keypoint_depths, lift, nan_median, own_depths
 from sapiens2.vision.motion_fit import Motion, fit_motion
 
 CAMERA_FRAMES = 5  # frames whose pointmaps the (static) camera is fitted from
@@ -68,6 +68,12 @@ class MotionRecorder:
         if len(keypoints):
             scores = np.asarray(scores, dtype=np.float64).reshape(len(keypoints), -1)
             depths = own_depths(keypoint_depths(keypoints, pointmap, mask), scores >= self.threshold)
+            # A point without a depth (outside the frame, or no surface there) gets its person's median
+            # depth, untrusted (its score zeroed): a person is placed if any of it is.
+            fallback = nan_median(depths, axis=-1)[:, None]
+            missing = np.isnan(depths)
+            depths = np.where(missing, fallback, depths)
+            scores = np.where(missing, 0.0, scores)
             for person, track_id in enumerate(np.asarray(track_ids).reshape(-1)):
                 track = self.tracks.setdefault(int(track_id), _Track())
                 track.frames.append(self.frames)

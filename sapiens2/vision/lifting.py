@@ -3,12 +3,11 @@ nearest surface there, by a median, never the background behind an edge), then m
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from sapiens2.vision.intrinsics import Intrinsics, fit_intrinsics, points_in_front
 
+WINDOW_SAMPLES = 3  # samples each side of the keypoint, at most
 NEAR_BAND = 0.08  # metres behind the nearest samples still counted as the same surface
 FAR_FROM_PERSON = 0.8  # metres from the person's median depth beyond which a point is someone else's
 # How far a joint's centre lies behind the skin the pointmap sees, in metres, by keypoint name; the face,
@@ -44,6 +43,16 @@ def insets(names: tuple[str, ...]) -> np.ndarray:
     return np.array([inset(name) for name in names])
 
 
+def nan_median(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The median along `axis` of the values that are not NaN (NaN where all are): a sort, several times
+    faster than numpy's nanmedian on many short rows."""
+    ordered = np.sort(np.moveaxis(values, axis, -1), axis=-1)  # NaN sorts last
+    count = np.sum(~np.isnan(ordered), axis=-1, keepdims=True)
+    low = np.take_along_axis(ordered, np.maximum(count - 1, 0) // 2, axis=-1)
+    high = np.take_along_axis(ordered, np.minimum(count // 2, ordered.shape[-1] - 1), axis=-1)
+    return np.where(count > 0, (low + high) / 2, np.nan)[..., 0]
+
+
 def window_for(height: int, width: int) -> int:
     """Half the side of the square of pixels read around a keypoint: 0.4 % of the frame's longer side."""
     return max(1, round(0.004 * max(height, width)))
@@ -62,7 +71,7 @@ def keypoint_depths(
     flat = keypoints.reshape(-1, 2)
     finite = np.isfinite(flat).all(axis=1)
     centre = np.where(finite[:, None], np.rint(flat), -10 * half - 10).astype(np.int64)
-    steps = np.arange(-half, half + 1)
+    steps = np.arange(-half, half + 1, max(1, half // WINDOW_SAMPLES))  # at most 7 x 7 samples
     rows = centre[:, 1, None, None] + steps[None, :, None]
     columns = centre[:, 0, None, None] + steps[None, None, :]
     rows, columns = np.broadcast_arrays(rows, columns)
@@ -74,21 +83,17 @@ def keypoint_depths(
     if mask is not None:
         usable &= mask[rows, columns]
     z = np.where(usable, z, np.nan)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        nearest = np.nanmin(np.where(usable, z, np.inf), axis=1)
+    with np.errstate(all="ignore"):
+        nearest = np.min(np.where(usable, z, np.inf), axis=1)
         near = usable & (z <= nearest[:, None] + NEAR_BAND)
-        depth = np.nanmedian(np.where(near, z, np.nan), axis=1) if near.any() else np.full(len(flat), np.nan)
-    depth = np.where(near.any(axis=1), depth, np.nan)
+        depth = nan_median(np.where(near, z, np.nan), axis=1)
     return depth.reshape(shape)
 
 
 def own_depths(depths: np.ndarray, confident: np.ndarray) -> np.ndarray:
     """Depths (P, K) without those far from their person's median depth over its `confident` (P, K)
     keypoints (another person's surface in front of an occluded keypoint, or the background behind it)."""
-    with warnings.catch_warnings():  # a person with no confident depth at all
-        warnings.simplefilter("ignore", RuntimeWarning)
-        median = np.nanmedian(np.where(confident, depths, np.nan), axis=-1, keepdims=True)
+    median = nan_median(np.where(confident, depths, np.nan), axis=-1)[..., None]
     return np.where(np.abs(depths - median) <= FAR_FROM_PERSON, depths, np.nan)
 
 

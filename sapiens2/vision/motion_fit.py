@@ -3,11 +3,11 @@ points smoothed over time, then bone lengths fixed per person and every joint's 
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from sapiens2.vision.lifting import nan_median
 from sapiens2.vision.rig import (
     JOINT_NAMES,
     JOINTS,
@@ -31,10 +31,10 @@ SEARCH_METRES = 0.4  # how much farther than its reading a limb's point may move
 @dataclass
 class Motion:
     """One person's animation: joint names and parents (-1: the root), rest offsets (J, 3) from each joint's
-    parent in metres (the root's: zero), the root's position (T, 3), each joint's rotation relative to its
-    parent (T, J, 3, 3), and which frames the person was seen in (T,) bool, at `fps` frames a second; with
-the keypoints (T, K, 3) it was fitted to, outliers dropped, gaps filled and smoothed (NaN: never seen).
-    Axes: X right, Y up, Z towards the camera (the camera at the origin); the rest pose faces +Z."""
+        parent in metres (the root's: zero), the root's position (T, 3), each joint's rotation relative to its
+        parent (T, J, 3, 3), and which frames the person was seen in (T,) bool, at `fps` frames a second; with
+    the keypoints (T, K, 3) it was fitted to, outliers dropped, gaps filled and smoothed (NaN: never seen).
+        Axes: X right, Y up, Z towards the camera (the camera at the origin); the rest pose faces +Z."""
 
     track_id: int
     names: tuple[str, ...]
@@ -96,9 +96,7 @@ def drop_outliers(points: np.ndarray, valid: np.ndarray) -> np.ndarray:
     masked = np.where(valid[..., None], points, np.nan)
     padded = np.pad(masked, ((half, half), (0, 0), (0, 0)), mode="edge")
     windows = np.lib.stride_tricks.sliding_window_view(padded, OUTLIER_FRAMES, axis=0)
-    with warnings.catch_warnings():  # all-NaN windows are expected: a keypoint not seen for a while
-        warnings.simplefilter("ignore", RuntimeWarning)
-        median = np.nanmedian(windows, axis=-1)
+    median = nan_median(windows, axis=-1)
     far = np.linalg.norm(points - median, axis=-1) > OUTLIER_METRES
     return valid & ~(far & np.isfinite(median).all(axis=-1))
 
@@ -194,7 +192,10 @@ def fit_motion(
     `confident` (T, K) marking the ones to trust, the keypoints' `names`, at `fps`; None when the hips are
     never placed (nothing to anchor the skeleton)."""
     frames = len(points)
-    trusted = drop_outliers(points, confident & np.isfinite(points).all(axis=-1))
+    readable = np.isfinite(points).all(axis=-1)
+    # A keypoint never confident is taken as it was read, rather than left out (a poorly seen person).
+    confident = np.where(confident.any(axis=0), confident, readable)
+    trusted = drop_outliers(points, confident & readable)
     filled = smooth_over_time(fill_over_time(points, trusted), SMOOTHING_SECONDS * fps)
     filled = limbs_on_rays(filled, trusted, names)
     groups = keypoint_groups(names)
