@@ -14,6 +14,7 @@ from test_app_browser import CHROMIUM, ERROR_TOASTS, RESULT_TIMEOUT_MS, browser,
 from test_motion import StandInRuntime, _scene, _write_video
 
 from sapiens2.runtime.runtime import Runtime
+from sapiens2.vision.limits import VIDEO_FRAMES_ENV
 
 pytestmark = [
     pytest.mark.browser,
@@ -26,6 +27,7 @@ pytestmark = [
 def test_the_video_tab_plays_the_motion(page, tmp_path, monkeypatch):  # noqa: F811
     scene = _scene()
     stand_in = StandInRuntime(scene)
+    monkeypatch.setenv(VIDEO_FRAMES_ENV, "12")  # read by each request: a short run
     monkeypatch.setattr(Runtime, "prepare", lambda self, repo_id, progress=None: None)
     monkeypatch.setattr(
         Runtime, "run_batch", lambda self, task, images, **kw: stand_in.run_batch(task, images, **kw)
@@ -39,11 +41,11 @@ def test_the_video_tab_plays_the_motion(page, tmp_path, monkeypatch):  # noqa: F
     page.get_by_label("Motion capture", exact=False).locator("visible=true").check()
     page.locator("#video-run").click()
     viewer = page.locator("#video-motion canvas")
-    viewer.wait_for(timeout=RESULT_TIMEOUT_MS)
+    viewer.wait_for(timeout=2 * RESULT_TIMEOUT_MS)
     assert page.locator(ERROR_TOASTS).count() == 0, page.locator(ERROR_TOASTS).all_inner_texts()
     page.locator("#video-downloads").get_by_text("crossing_motion", exact=True).wait_for()
     listed = "".join(page.locator("#video-downloads tr").all_inner_texts()).replace("\n", "")
-    for name in ("crossing_motion.glb", "crossing_motion_1.bvh", "crossing_motion_2.bvh"):
+    for name in ("crossing_motion.glb", "crossing_motion_1.bvh", "crossing_motion_2.bvh"):  # 12 frames each
         assert name in listed, listed
     # The viewer loads the file, then plays its animation: two pictures of it a while apart differ where
     # the skeletons moved, while the first frame behind them stays put.
