@@ -382,7 +382,13 @@ def _video_tab(
                 elem_classes=components.RESULT,
             )
             summary = gr.Markdown()
+            motion = gr.Model3D(
+                label="Motion (each person's skeleton, animated, over the first frame)",
+                visible=False,
+                elem_id="video-motion",
+            )
             files = components.downloads("video-downloads")
+            motion_view = gr.State(None)  # the 3-D view's file; a state, so the API returns three values
     choice.change(
         lambda name: components.size_choice(runtime.offered_sizes(name), TASKS[name].default_size),
         choice,
@@ -393,11 +399,17 @@ def _video_tab(
     run = button.click(
         cancellable(handlers.video_handler(runtime, scratch, slot, speeds), budget),
         inputs=[clip, choice, size, *controls],
-        outputs=[shown, summary, files],
+        outputs=[shown, summary, files, motion_view],
         api_name="video",
         api_description="A short clip through one task; returns the processed video and its files.",
         show_progress_on=[shown],  # one bar, over the clip, not one per output
         **MODEL_EVENT,  # the upload reaches the handler untouched: only sapiens2.vision.video_files opens it
+    ).then(
+        lambda path: gr.Model3D(value=path, visible=path is not None),
+        motion_view,
+        motion,
+        queue=False,
+        api_visibility="private",
     )
     if on_cpu:  # before a clip runs: how many of its frames fit the request's device time at the speed seen
 

@@ -24,6 +24,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from sapiens2.batch.motion_video import VideoMotion, motion_suffixes, wanted
 from sapiens2.errors import DeviceTimeError
 from sapiens2.progress import Progress, within
 from sapiens2.runtime.jobs import check_cancelled
@@ -87,6 +88,7 @@ class VideoJob:
     video_format: str = "webm"
     write_video: bool = True
     write_log: bool = True
+    write_view: bool = False  # with motion capture: also the 3-D view's file (the first frame behind)
     limits: Limits | None = None  # the app's: frames above its frame size are refused (None: any size)
 
     def __post_init__(self) -> None:
@@ -120,6 +122,8 @@ class VideoResult:
     notes: list[str] = field(default_factory=list)
     format_paths: list[Path] = field(default_factory=list)
     picture_paths: list[Path] = field(default_factory=list)
+    motion_paths: list[Path] = field(default_factory=list)  # the motion files (with motion capture)
+    view_path: Path | None = None  # the file a 3-D viewer shows (with motion capture and `write_view`)
 
     @property
     def frames_per_second(self) -> float:
@@ -131,7 +135,7 @@ class VideoResult:
         """The files written."""
         video = [self.video_path] if self.video_path is not None else []
         log = [self.log_path] if self.log_path is not None else []
-        return video + self.picture_paths + log + self.format_paths
+        return video + self.picture_paths + log + self.format_paths + self.motion_paths
 
 
 def _open(path: str | os.PathLike) -> cv2.VideoCapture:
@@ -343,6 +347,8 @@ def video_outputs(
     if task.frame_log is not None and write_log:
         suffixes = task.frame_log.format_suffixes(task.own_options(options or {}))
         paths += [out_dir / f"{stem}{suffix}" for suffix in (task.frame_log.suffix, *suffixes)]
+        if (options or {}).get("motion") and any(o.name == "motion" for o in task.video_options):
+            paths += [out_dir / f"{stem}{suffix}" for suffix in motion_suffixes()]
     return paths
 
 
@@ -366,9 +372,15 @@ def process_video(
     stem = job.output_stem
     targets = video_outputs(task, job.out_dir, stem, video_format=job.video_format)
     shown = [picture.title for picture in task.pictures if picture.in_videos]
-    # Load the model before the clock starts, and fail before decoding.
+    threshold = options.get("threshold", 0.0)
+    capture_motion = None
+    if wanted(video_options) and job.write_log:
+        capture_motion = VideoMotion(runtime, job.size, 1.0, threshold)
+    # Load the models before the clock starts, and fail before decoding.
     with hold():
         runtime.prepare(job.model or task.repo_id(job.size), progress)
+        if capture_motion is not None:
+            capture_motion.prepare(progress)
     log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
     follower = None
     if task.frame_follower is not None:  # across a device boundary every model call is costly
@@ -390,6 +402,8 @@ def process_video(
             limits=job.limits,
         )
         fps = info.fps / job.stride
+        if capture_motion is not None:
+            capture_motion.fps = fps
         sinks = [VideoFileWriter(path, fps) for path in targets[: 1 + len(shown)]] if job.write_video else []
         total = planned_frames(
             info, stride=job.stride, max_frames=job.max_frames, max_seconds=job.max_seconds
@@ -418,14 +432,20 @@ def process_video(
                             given=given,
                             **options,
                         )
+                        pointmaps = [None] * len(batch)
+                        if capture_motion is not None:
+                            pointmaps = capture_motion.pointmaps(images)
                 except DeviceTimeError as error:
                     if frames == 0:
                         raise
                     stopped = error
                     break
-                for (index, rgb), result in zip(batch, results, strict=True):
+                for (index, rgb), result, pointmap in zip(batch, results, pointmaps, strict=True):
+                    seen = result
                     if follower is not None:
                         result = follower.follow(rgb, result, 1.0 / fps)
+                    if capture_motion is not None:  # the keypoints as seen (smoothed later, without lag)
+                        capture_motion.add(rgb, seen, result, pointmap)
                     pictures = dict(result.pictures)
                     for sink, title in zip(sinks, [result.pictures[0][0], *shown], strict=False):
                         sink.write(pictures[title])
@@ -443,7 +463,14 @@ def process_video(
         capture.release()
     cut_at = frames if reader.cut_short and stopped is None else None
     notes = _notes(info, job.max_seconds, cut_at) + _stop_note(stopped, frames)
+    motion_paths, view_path = [], None
+    if capture_motion is not None:  # before the log: it sets the persons' 3-D keypoints the log writes
+        motion_paths = capture_motion.write(job.out_dir, stem)
+        view_path = capture_motion.write_view(job.out_dir, stem) if job.write_view else None
+        notes += capture_motion.notes
     return VideoResult(
+        motion_paths=motion_paths,
+        view_path=view_path,
         video_path=sinks[0].path if sinks else None,
         log_path=log.write(Path(job.out_dir), stem) if log is not None else None,
         picture_paths=[sink.path for sink in sinks[1:]],

@@ -186,7 +186,7 @@ def pose_frames_document(
     """The official demo's per-video pose JSON: frames -> instances -> bbox, keypoints, keypoint_scores.
 
     frames are (frame name, persons) pairs; as in the official demo, bbox is x_min, y_min, x_max, y_max;
-    a tracked person's instance also has its track_id.
+    a tracked person's instance also has its track_id, and with motion capture its keypoints_3d.
     """
     records = []
     keypoint_count = None
@@ -202,6 +202,9 @@ def pose_frames_document(
             }
             if person.track_id is not None:
                 instance["track_id"] = int(person.track_id)
+            if person.keypoints_3d is not None:  # metres, Y up; null where the point was not placed
+                points = np.round(np.asarray(person.keypoints_3d, dtype=np.float64), 4)
+                instance["keypoints_3d"] = [p.tolist() if np.isfinite(p).all() else None for p in points]
             instances.append(instance)
         records.append({"image_name": name, "instances": instances})
     return {

@@ -7,14 +7,20 @@ the model's scale). Pixels are taken row by row, so vertex order follows the pho
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
 
+from sapiens2.outputs.glb import (
+    ARRAY_BUFFER,
+    ELEMENT_ARRAY_BUFFER,
+    FLOAT,
+    UNSIGNED_INT,
+    UNSIGNED_SHORT,
+    write_container,
+)
 from sapiens2.vision.intrinsics import points_in_front
 
 # A quad is meshed only when its farthest corner is at most this much deeper than its nearest, relative to
@@ -28,10 +34,8 @@ VIEWER_FACES = 200_000
 GLB_BYTES_PER_PIXEL = 20 + 2 * 12
 TO_GLTF_AXES = np.array([1.0, -1.0, -1.0], dtype=np.float32)
 
-_GLB_MAGIC, _GLB_VERSION = 0x46546C67, 2
-_JSON_CHUNK, _BIN_CHUNK = 0x4E4F534A, 0x004E4942
-_FLOAT, _UNSIGNED_SHORT, _UNSIGNED_INT = 5126, 5123, 5125
-_ARRAY_BUFFER, _ELEMENT_ARRAY_BUFFER = 34962, 34963
+_FLOAT, _UNSIGNED_SHORT, _UNSIGNED_INT = FLOAT, UNSIGNED_SHORT, UNSIGNED_INT
+_ARRAY_BUFFER, _ELEMENT_ARRAY_BUFFER = ARRAY_BUFFER, ELEMENT_ARRAY_BUFFER
 
 
 @dataclass(frozen=True)
@@ -160,15 +164,4 @@ def write_glb(file: BinaryIO, mesh: Mesh, translation: np.ndarray | None = None)
                 {"bufferView": 2, "componentType": _UNSIGNED_INT, "count": mesh.faces.size, "type": "SCALAR"},
             ],
         }  # fmt: skip
-    text = json.dumps(document, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 4)  # chunks are 4-byte aligned; JSON is padded with spaces
-    binary = sum(part.nbytes for part in parts)  # every part is a multiple of 4 bytes
-    total = 12 + 8 + len(text) + (8 + binary if parts else 0)
-    if total >= 2**32:
-        raise ValueError(f"a GLB holds at most 4 GB; this mesh would take {total / 1e9:.1f} GB")
-    file.write(struct.pack("<III", _GLB_MAGIC, _GLB_VERSION, total))
-    file.write(struct.pack("<II", len(text), _JSON_CHUNK) + text)
-    if parts:
-        file.write(struct.pack("<II", binary, _BIN_CHUNK))
-        for part in parts:
-            file.write(memoryview(part).cast("B"))
+    write_container(file, document, parts)

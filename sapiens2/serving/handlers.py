@@ -172,9 +172,10 @@ def tile_status(text: str) -> gr.Image:
 def video_handler(
     runtime: Runtime, scratch: ScratchSpace, slot: DeviceSlot, speeds: FrameSpeeds | None = None
 ) -> Callable:
-    """The endpoint /video: (video, task, size, *video options) -> (the processed clip, summary, files); a
-    task without the size runs its default one, and the summary names the model that ran. The device
-    seconds per frame of each clip are recorded in `speeds` (the Video tab's note reads them).
+    """The endpoint /video: (video, task, size, *video options) -> (the processed clip, summary, files, and
+    the motion's 3-D view or None, which the page keeps in a state that the API does not show); a task
+    without the size runs its default one, and the summary names the model that ran. The device seconds
+    per frame of each clip are recorded in `speeds` (the Video tab's note reads them).
 
     The video options (pose: track, smoothing, min_cutoff, beta, detect_every) are named parameters with
     their defaults for the runtime's device; a task takes those of its own and leaves the others.
@@ -207,6 +208,7 @@ def video_handler(
                 # WebM (VP8): browsers play it as written, and OpenCV here cannot write H.264.
                 video_format="webm",
                 limits=limits,
+                write_view=True,  # with motion capture: the skeletons over the first frame, for the 3-D view
             )
             report = reporter(progress)
             repo_id = entry.repo_id(job.size)
@@ -220,7 +222,8 @@ def video_handler(
             check_output(scratch, folder)
         line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second, with {repo_id}."
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
-        return str(result.video_path), summary_text, [str(p) for p in downloadable(result.files)]
+        view = None if result.view_path is None else str(result.view_path)
+        return str(result.video_path), summary_text, [str(p) for p in downloadable(result.files)], view
 
     run_video.__signature__ = _endpoint_signature(
         "video", {"task": FIRST_TASK, "size": TASKS[FIRST_TASK].default_size}, offered

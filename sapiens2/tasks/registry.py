@@ -209,7 +209,16 @@ def _option(options: Sequence[Option], name: str) -> Option:
 
 
 def _build_registry() -> dict[str, Task]:
-    from sapiens2.pipelines import depth, features, matting, normals, pose, pose_tracking, segment
+    from sapiens2.pipelines import (
+        depth,
+        features,
+        matting,
+        normals,
+        pose,
+        pose_motion,
+        pose_tracking,
+        segment,
+    )
 
     background = Option("remove_background", "Remove background (body-part model)", "checkbox", True)
     tasks = [
@@ -228,7 +237,11 @@ def _build_registry() -> dict[str, Task]:
             pose.PIPELINE,
             frame_log=pose.FramePoses,
             # The keypoint files are written for every frame of a video too.
-            video_options=(*pose_tracking.VIDEO_OPTIONS, _option(pose.OPTIONS, "keypoint_format")),
+            video_options=(
+                *pose_tracking.VIDEO_OPTIONS,
+                pose_motion.MOTION,
+                _option(pose.OPTIONS, "keypoint_format"),
+            ),
             frame_follower=pose_tracking.PoseTracker,
             columns=pose.columns,
             chosen_exports=pose.chosen_exports,

@@ -21,13 +21,15 @@ _LOG_MIN, _LOG_MAX = 1e-3, 50.0
 @dataclass
 class Person:
     """One person in photo pixels: box (4,) x, y, w, h, keypoints (K, 2) x, y, their scores (K,), the
-    detector's score for the box (None when the box was given) and, in a tracked video, the person's id."""
+    detector's score for the box (None when the box was given) and, in a tracked video, the person's id
+    and, with motion capture, the keypoints in 3-D (K, 3), metres, Y up, NaN where not placed."""
 
     box: np.ndarray
     keypoints: np.ndarray
     scores: np.ndarray
     box_score: float | None = None
     track_id: int | None = None
+    keypoints_3d: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.box = np.asarray(self.box, dtype=np.float64).reshape(4)
