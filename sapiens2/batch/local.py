@@ -100,11 +100,11 @@ class Run:
             for start in range(0, len(sources), batch_size):
                 chunk = sources[start : start + batch_size]
                 for source, result in self.results(task, self.loaded(chunk)):
+                    self.save(result, task, source)  # drawing the pictures it writes, counted below
                     stats.images += 1
                     stats.seconds += result.timings.total
                     if result.persons is not None:
                         stats.persons = (stats.persons or 0) + result.persons
-                    self.save(result, task, source)
                 bar.update(len(chunk))
 
     def loaded(self, sources: Sequence[Source]) -> list[tuple[Source, LoadedImage]]:
@@ -128,6 +128,7 @@ class Run:
                 [image for _, image in batch],
                 size=task.size_or_default(self.request.size),
                 model=self.request.model,
+                pictures=False,  # drawn when written, those planned only
                 **self.request.task_options(task),
             )
             return list(zip([source for source, _ in batch], results, strict=True))

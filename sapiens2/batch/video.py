@@ -28,6 +28,7 @@ from sapiens2.errors import DeviceTimeError
 from sapiens2.progress import Progress, within
 from sapiens2.runtime.jobs import check_cancelled
 from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks.outputs import draw_result
 from sapiens2.tasks.registry import Task, get_task
 from sapiens2.vision.images import sanitize_filename
 from sapiens2.vision.limits import Limits
@@ -366,6 +367,7 @@ def process_video(
     stem = job.output_stem
     targets = video_outputs(task, job.out_dir, stem, video_format=job.video_format)
     shown = [picture.title for picture in task.pictures if picture.in_videos]
+    titles = [task.pictures[0].title, *shown]  # the task's video shows its first picture
     # Load the model before the clock starts, and fail before decoding.
     with hold():
         runtime.prepare(job.model or task.repo_id(job.size), progress)
@@ -416,6 +418,7 @@ def process_video(
                             model=job.model,
                             progress=step,
                             given=given,
+                            pictures=False,
                             **options,
                         )
                 except DeviceTimeError as error:
@@ -426,9 +429,10 @@ def process_video(
                 for (index, rgb), result in zip(batch, results, strict=True):
                     if follower is not None:
                         result = follower.follow(rgb, result, 1.0 / fps)
-                    pictures = dict(result.pictures)
-                    for sink, title in zip(sinks, [result.pictures[0][0], *shown], strict=False):
-                        sink.write(pictures[title])
+                    if sinks:  # drawn once, after the follower: only the pictures the videos show
+                        pictures = dict(draw_result(result, titles).pictures)
+                        for sink, title in zip(sinks, titles, strict=False):
+                            sink.write(pictures[title])
                     if log is not None:
                         log.add(f"{index:06d}", result)
                     if result.persons is not None:

@@ -2,7 +2,8 @@
 
 Each step fills the photos' `values` for the next ones: CPU steps (preprocessing, crops) need no model;
 model steps (detection, forwards and the reductions that belong next to the model's outputs) run where
-the models live, on batches. `finish` turns one photo's values into its TaskResult on a CPU.
+the models live, on batches. `finish` turns one photo's values into its TaskResult (a typed prediction,
+plain data) on a CPU; pictures and files are drawn and written from it afterwards, when asked.
 """
 
 from __future__ import annotations
@@ -102,14 +103,12 @@ class Pipeline:
             step.apply(context, photos)
 
     def finished(self, context: PipelineContext, photo: Photo) -> TaskResult:
-        """The photo's result, carrying the timings of every step. The finish counts as decoding, except
-        the drawing it measures as "pictures" in the photo's timings."""
+        """The photo's result (its prediction, no pictures), carrying the timings of every step; the finish
+        counts as decoding."""
         post = Timings()
-        drawn_before = photo.timings.pictures
         with post.measure("decode"):
             result = self.finish(context, photo)
-        photo.seconds["finish"] = post.decode  # the whole finish, its drawing included
-        post.decode -= photo.timings.pictures - drawn_before  # the drawing is in the photo's timings already
+        photo.seconds["finish"] = post.decode
         result.timings = photo.timings + post
         return result
 

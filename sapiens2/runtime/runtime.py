@@ -34,6 +34,7 @@ from sapiens2.progress import Progress, within
 from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork
 from sapiens2.runtime.cache import ModelCache, budget_from_env
 from sapiens2.runtime.jobs import check_cancelled
+from sapiens2.tasks.outputs import draw_result
 from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
 from sapiens2.vision.detector import Detections, PersonDetector, YoloPersonDetector
 from sapiens2.vision.images import LoadedImage, load_image
@@ -225,6 +226,7 @@ class Runtime:
         model_name: str | None = None,
         progress: Progress | None = None,
         given: Mapping[str, Any] | None = None,
+        pictures: bool = True,
         **options: Any,
     ) -> TaskResult:
         """Run `task` on one photo (a LoadedImage or anything `load_image` reads)."""
@@ -237,6 +239,7 @@ class Runtime:
             model_name=model_name,
             progress=progress,
             given=given_all,
+            pictures=pictures,
             **options,
         )[0]
 
@@ -250,9 +253,11 @@ class Runtime:
         model_name: str | None = None,
         progress: Progress | None = None,
         given: Sequence[Mapping[str, Any] | None] | None = None,
+        pictures: bool = True,
         **options: Any,
     ) -> list[TaskResult]:
-        """Run `task` on several photos, batching them through the model.
+        """Run `task` on several photos, batching them through the model; `pictures`: draw each result's
+        pictures (else they are left to the caller, `sapiens2.tasks.draw_result`, or not drawn at all).
 
         `model` (a repo id, checkpoint folder or file) replaces the registry's checkpoint for `size`;
         `model_name` is what the results and their files call it (default: `model` itself).
@@ -275,6 +280,8 @@ class Runtime:
         for image, result in zip(loaded, results, strict=True):
             result.notes = list(image.notes) + context.notes + result.notes
             result.device, result.dtype = self.device_label, self.dtype_label
+            if pictures:
+                draw_result(result)
         return results
 
     def run_all(
