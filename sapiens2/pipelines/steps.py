@@ -63,6 +63,9 @@ class Step:
 
 Finish = Callable[[PipelineContext, Photo], TaskResult]
 Given = Sequence[Mapping[str, Any] | None]  # per photo, the values it starts with (None: none)
+# (context, photos, first_step): runs the steps from `first_step` on where the models live, filling the
+# photos' values; given by the caller (the runtime's device runner).
+DeviceSteps = Callable[[PipelineContext, Sequence[Photo], int], None]
 
 
 @dataclass(frozen=True)
@@ -73,20 +76,24 @@ class Pipeline:
     finish: Finish
 
     def run(
-        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
+        self,
+        context: PipelineContext,
+        images: Sequence[LoadedImage],
+        given: Given | None = None,
+        on_device: DeviceSteps | None = None,
     ) -> list[TaskResult]:
         """One result per photo, in order: every step on the whole batch, then each photo finished.
         `given`: values each photo starts with (None: none), which the steps may use (pose's given boxes).
 
-        The steps before the first model step run here; the rest go to the device through the host
-        (`ModelHost.run_on_device`: in this process, or across `sapiens2.runtime.boundary`).
+        The steps before the first model step run here; the rest go to `on_device` (the caller's device
+        runner: in this process, or across `sapiens2.runtime.boundary`; None: here, as they are).
         """
         given = given or [None] * len(images)
         photos = [Photo(image, dict(values or {})) for image, values in zip(images, given, strict=True)]
         first = self.first_model_step
         self.run_steps(context, photos, 0, first)
         if first < len(self.steps):
-            context.host.run_on_device(context, photos, first)
+            (on_device or self.run_steps)(context, photos, first)
         context.stage("drawing the pictures")
         return [self.finished(context, photo) for photo in photos]
 

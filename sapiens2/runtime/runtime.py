@@ -31,7 +31,7 @@ from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import Option
 from sapiens2.pipelines.steps import Photo
 from sapiens2.progress import Progress, within
-from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork
+from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork, run_device_work
 from sapiens2.runtime.cache import ModelCache, budget_from_env
 from sapiens2.runtime.jobs import check_cancelled
 from sapiens2.tasks.outputs import draw_result
@@ -156,19 +156,20 @@ class Runtime:
         return self._settings[repo_id]
 
     def run_on_device(self, context: PipelineContext, photos: Sequence[Photo], first_step: int) -> None:
-        """The pipeline's steps from `first_step` on: here, or across the device boundary when one is set,
-        as plain data (the photos already resized for the model on this side)."""
-        pipeline = get_task(context.task.name).pipeline
+        """The pipeline's steps from `first_step` on, through the one device runner (`run_device_work`): here,
+        or across the device boundary when one is set, as plain data (the photos already resized for the
+        model on this side)."""
+        task, options = context.task.name, dict(context.options)
+        work = DeviceWork(task, context.repo_id, options, first_step, list(photos), context.progress)
         if self.device_boundary is None:
             # The whole model side: detection, forwards and decoding may each meet an operation MPS lacks.
             with recording_cpu_fallbacks(self.device, self.cpu_fallbacks):
-                pipeline.run_steps(context, photos, first_step)
-            return
-        for photo in photos:
-            photo.image.model_rgb  # noqa: B018 - resized here, on the CPU, before the photo crosses
-        task, options = context.task.name, dict(context.options)
-        work = DeviceWork(task, context.repo_id, options, first_step, list(photos), context.progress)
-        self.device_boundary(work).applied_to(photos, context)
+                outcome = run_device_work(self, work, portable=False)
+        else:
+            for photo in photos:
+                photo.image.model_rgb  # noqa: B018 - resized here, on the CPU, before the photo crosses
+            outcome = self.device_boundary(work)
+        outcome.applied_to(photos, context)
 
     def prepare(self, repo_id: str, progress: Progress | None = None) -> None:
         """Make `repo_id` ready before a long job, so a missing or broken checkpoint fails first: loaded
@@ -274,7 +275,7 @@ class Runtime:
             progress,
             name=model_name if model else None,
         )
-        results = entry.run(context, loaded, given)
+        results = entry.run(context, loaded, given, self.run_on_device)
         for operation in sorted(self.cpu_fallbacks):
             context.note(cpu_fallback_note(operation))
         for image, result in zip(loaded, results, strict=True):
