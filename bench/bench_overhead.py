@@ -37,6 +37,7 @@ from sapiens2.models.kinds import ModelKind
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.runtime.warm_heap import keep_freed_memory
+from sapiens2.tasks import draw_result
 from sapiens2.tasks.registry import TASKS
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.images import LoadedImage, load_image
@@ -101,15 +102,17 @@ class RandomOutputs:
     def detect(self, image: LoadedImage) -> Detections:
         return self.detections
 
-    def run_on_device(self, context: PipelineContext, photos: list, first_step: int) -> None:
-        context.task.pipeline.run_steps(context, photos, first_step)
-
 
 def ours(host: RandomOutputs, photo: LoadedImage, task: str, background: bool) -> Callable[[], TaskResult]:
     entry = TASKS[task]
     options = {"remove_background": background} if entry.helper_option else {}
     repo_id = entry.repo_id("1b" if task == "matting" else "0.4b")
-    return lambda: entry.run(PipelineContext(host, entry, repo_id, entry.coerce_options(options)), [photo])[0]
+
+    def run() -> TaskResult:
+        context = PipelineContext(host, entry, repo_id, entry.coerce_options(options))
+        return draw_result(entry.run(context, [photo])[0])
+
+    return run
 
 
 def reference(host: RandomOutputs, photo: np.ndarray, task: str) -> Callable[[], object]:

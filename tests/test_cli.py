@@ -18,6 +18,7 @@ from sapiens2.data.metadata import body_parts
 from sapiens2.models.hub import CHECKPOINT_DIR_ENV
 from sapiens2.pipelines.segment import chosen_class_ids
 from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks import export_result
 from sapiens2.tasks.registry import ALL_TASKS, TASKS
 from sapiens2.vision.part_masks import part_mask
 
@@ -211,7 +212,7 @@ def test_export_suffixes_match_what_each_task_writes(small_mirror, few_persons_y
     runtime = Runtime(device="cpu", detector=few_persons_yolo)
     photo = np.zeros((64, 48, 3), dtype=np.uint8)
     for name in TASKS:
-        written = runtime.run(name, photo).export(tmp_path, "x")
+        written = export_result(runtime.run(name, photo), tmp_path, "x")
         assert sorted(path.name[1:] for path in written) == sorted(TASKS[name].exports_for({})), name
 
 

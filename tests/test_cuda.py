@@ -12,6 +12,7 @@ from tiny_models import CentreBox, tiny_config, write_transformers_checkpoint
 
 from sapiens2 import from_pretrained
 from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks import export_result
 from sapiens2.tasks.registry import ALL_TASKS
 from sapiens2.vision.images import load_image
 
@@ -61,7 +62,7 @@ def test_every_task_runs_on_the_gpu_in_bf16(runtime, task, tmp_path):
     assert (result.device, result.dtype) == ("cuda", "bf16")
     for title, picture in result.pictures:
         assert picture.dtype == np.uint8 and picture.ndim == 3, title
-    assert result.export(tmp_path, "photo")
+    assert export_result(result, tmp_path, "photo")
     if task == "pose":
         defaults = {option.name: option.default for option in runtime.options("pose")}
         assert defaults["flip_test"] is True  # the GPU default: flip test on

@@ -13,6 +13,7 @@ from sapiens2.errors import RequestError
 from sapiens2.pipelines.segment import chosen_class_ids
 from sapiens2.runtime.runtime import Runtime
 from sapiens2.serving import handlers
+from sapiens2.tasks import export_result
 from sapiens2.tasks.registry import get_task
 from sapiens2.vision.images import load_image
 from sapiens2.vision.part_masks import feathered, grown, part_mask, union_mask
@@ -158,8 +159,8 @@ def photo():
 
 def test_the_mask_and_the_cutout_files_hold_the_chosen_parts(runtime, photo, tmp_path):
     result = runtime.run("segment", photo, parts=["clothing", "Hair"], grow=3, feather=2)
-    expected = part_mask(result.prediction, chosen_class_ids(["clothing", "Hair"], body_parts()), 3, 2)
-    files = {path.name.removeprefix("photo"): path for path in result.export(tmp_path, "photo")}
+    expected = part_mask(result.prediction.labels, chosen_class_ids(["clothing", "Hair"], body_parts()), 3, 2)
+    files = {path.name.removeprefix("photo"): path for path in export_result(result, tmp_path, "photo")}
     with Image.open(files["_parts_mask.png"]) as image:
         assert image.mode == "L"
         np.testing.assert_array_equal(np.asarray(image), expected)
@@ -189,7 +190,7 @@ def test_a_fine_tuned_model_masks_by_its_own_class_names(runtime, photo, tiny_mi
     folder = renamed_checkpoint(tiny_mirror, tmp_path / "renamed")
     result = runtime.run("segment", photo, model=str(folder), parts=["part_3", "part_5"])
     mask = dict(result.pictures)["Mask"][..., 0]
-    np.testing.assert_array_equal(mask, np.isin(result.prediction, [3, 5]) * np.uint8(255))
+    np.testing.assert_array_equal(mask, np.isin(result.prediction.labels, [3, 5]) * np.uint8(255))
     with pytest.raises(RequestError, match=r"no class 'Face_Neck'; choose among its classes \(part_0, "):
         runtime.run("segment", photo, model=str(folder), parts=["Face_Neck"])
 

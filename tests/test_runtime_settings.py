@@ -25,7 +25,7 @@ def test_a_checkpoint_without_processor_config_runs_at_its_own_image_size(runtim
     settings = runtime.settings(str(folder), POINTMAP)
     assert settings.size == (256, 192) and settings.do_pad
     result = runtime.run("depth", load_image(PHOTO), model=str(folder), remove_background=False)
-    assert result.prediction.shape[:2] == (600, 512)
+    assert result.prediction.pointmap.shape[:2] == (600, 512)
     assert result.notes == [
         "pointmap has no preprocessor_config.json: assumed 256x192 inputs (resized and padded, 0-255 scaled "
         "to 0-1, normalized with the ImageNet mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225))."

@@ -1,6 +1,7 @@
 """Every registered task end to end on the example photos with tiny checkpoints: pictures and exports."""
 
 import json
+import pickle
 import re
 import shutil
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import POINTMAP, SEG
 from sapiens2.pipelines.segment import class_meta
 from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks import export_result
 from sapiens2.tasks.registry import ALL_TASKS, TASKS, get_task
 from sapiens2.vision.dense import pointmap_to_image, to_hwc
 from sapiens2.vision.detector import YoloPersonDetector
@@ -52,7 +54,7 @@ def half_background(runtime, photo):
     margin = logits[1:].amax(dim=0) - logits[0]
     with torch.no_grad():
         model.decode_head.conv_seg.bias[0] += margin.median()
-    seg = runtime.run("segment", photo).prediction
+    seg = runtime.run("segment", photo).prediction.labels
     assert 0.2 < (seg == 0).mean() < 0.8
     return seg
 
@@ -97,16 +99,28 @@ def test_task_pictures_and_exports(runtime, photo, task, tmp_path):
     assert result.timings.model > 0 and result.device == "cpu" and result.dtype == "fp32"
     assert result.timings.pictures > 0 and result.timings.decode >= 0
     assert "decoding" in result.timing_line() and "pictures" in result.timing_line()
-    files = result.export(tmp_path, "photo")
+    files = export_result(result, tmp_path, "photo")
     assert files and all(path.is_file() and path.stat().st_size > 0 for path in files)
     assert sorted(path.name.removeprefix("photo") for path in files) == sorted(get_task(task).exports_for({}))
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_a_result_crosses_a_process_as_plain_data(runtime, photo, task, tmp_path):
+    """A result pickles (as across a ZeroGPU fork or a Ray stage) and its copy writes the same files; run
+    without pictures, none is drawn."""
+    result = runtime.run(task, photo, pictures=False)
+    assert result.pictures == [] and result.timings.pictures == 0
+    copy = pickle.loads(pickle.dumps(result))
+    files = {path.name: path.read_bytes() for path in export_result(result, tmp_path / "a", "photo")}
+    copied = {path.name: path.read_bytes() for path in export_result(copy, tmp_path / "b", "photo")}
+    assert files and files == copied
 
 
 def test_pose_writes_the_keypoint_formats_chosen_and_the_controlnet_picture(runtime, photo, tmp_path):
     assert get_task("pose").exports_for({}) == ("_pose.json", "_controlnet.png")
     formats = ["openpose", "coco17", "wholebody133"]
     result = runtime.run("pose", photo, keypoint_format=formats, threshold=0.0)
-    names = sorted(path.name for path in result.export(tmp_path, "photo"))
+    names = sorted(path.name for path in export_result(result, tmp_path, "photo"))
     expected = ["photo_coco17.json", "photo_controlnet.png", "photo_openpose.json", "photo_pose.json"]
     expected.append("photo_wholebody.json")  # beside the native _pose.json, never instead of it
     assert names == expected
@@ -125,7 +139,7 @@ def test_pose_writes_the_keypoint_formats_chosen_and_the_controlnet_picture(runt
 
 def test_pose_json_has_every_person_and_keypoint(runtime, photo, tmp_path):
     result = runtime.run("pose", photo, threshold=0.0)
-    document = json.loads(result.export(tmp_path, "photo")[0].read_text())
+    document = json.loads(export_result(result, tmp_path, "photo")[0].read_text())
     persons = result.prediction.persons
     assert 1 <= len(persons) <= 3 and len(document["persons"]) == len(persons)
     for record, person in zip(document["persons"], persons, strict=True):
@@ -152,7 +166,7 @@ def test_placeholder_labels_count_as_absent_and_the_official_names_are_used(
 ):
     pose = _with_placeholder_labels(tiny_mirror / get_task("pose").repo_id(None), tmp_path / "pose")
     result = runtime.run("pose", photo, model=str(pose), threshold=0.0)
-    document = json.loads(result.export(tmp_path, "photo")[0].read_text())
+    document = json.loads(export_result(result, tmp_path, "photo")[0].read_text())
     names = [keypoint["name"] for keypoint in document["persons"][0]["keypoints"]]
     assert names == list(keypoints308().names)
     placeholders = Sapiens2Config.from_dict({"num_labels": 29})
@@ -215,11 +229,11 @@ def test_depth_is_smoothed_by_default_in_pictures_and_exports(runtime, tmp_path)
     }
     for smooth in (True, False):
         result = runtime.run("depth", photo, remove_background=False, smooth=smooth)
-        np.testing.assert_allclose(result.prediction, expected[smooth], rtol=1e-5, atol=1e-5)
-        files = {path.name: path for path in result.export(tmp_path / str(smooth), "photo")}
-        np.testing.assert_array_equal(np.load(files["photo_depth.npy"]), result.prediction[..., 2])
+        np.testing.assert_allclose(result.prediction.pointmap, expected[smooth], rtol=1e-5, atol=1e-5)
+        files = {path.name: path for path in export_result(result, tmp_path / str(smooth), "photo")}
+        np.testing.assert_array_equal(np.load(files["photo_depth.npy"]), result.prediction.pointmap[..., 2])
         vertices, _ = read_ply(files["photo_points.ply"])
-        np.testing.assert_array_equal(vertices["z"], result.prediction[..., 2].ravel())
+        np.testing.assert_array_equal(vertices["z"], result.prediction.pointmap[..., 2].ravel())
     assert np.abs(expected[True] - expected[False]).max() > 1e-3
 
 
@@ -229,7 +243,7 @@ def test_features_run_the_4k_backbone_at_its_own_resolution(tmp_path, monkeypatc
     write_tiny_4k_checkpoint(tmp_path / "facebook/sapiens2-pretrain-1b-4k", image_size=(256, 192))
     monkeypatch.setenv("SAPIENS2_CHECKPOINT_DIR", str(tmp_path))
     result = Runtime(device="cpu").run("features", photo, size="1b-4k")
-    cls, patches = result.prediction
+    cls, patches = result.prediction.embedding, result.prediction.features
     assert cls.shape == (32,) and patches.shape == (32, 4, 3)
     assert result.pictures[0][1].shape == (*photo.original_size, 3)
     assert "4x3 patch grid" in result.summary
@@ -237,8 +251,8 @@ def test_features_run_the_4k_backbone_at_its_own_resolution(tmp_path, monkeypatc
 
 def test_segmentation_export_matches_prediction(runtime, photo, tmp_path):
     result = runtime.run("segment", photo, opacity=1.0)
-    png, npy, *_ = result.export(tmp_path, "photo")
-    seg = result.prediction
+    png, npy, *_ = export_result(result, tmp_path, "photo")
+    seg = result.prediction.labels
     np.testing.assert_array_equal(np.asarray(Image.open(png)), seg)
     np.testing.assert_array_equal(np.load(npy), seg)
     palette = np.asarray(body_parts().palette, np.uint8)
@@ -250,7 +264,7 @@ def test_normals_background_is_black_where_body_parts_say(runtime, photo, half_b
     result = runtime.run("normals", photo)
     picture = result.pictures[0][1]
     assert (picture[seg == 0] == 0).all()
-    unit = result.prediction
+    unit = result.prediction.normals
     np.testing.assert_allclose(np.linalg.norm(unit, axis=2), 1.0, atol=1e-3)
     kept = runtime.run("normals", photo, remove_background=False).pictures[0][1]
     assert (kept[seg == 0] != 0).any()
@@ -259,10 +273,10 @@ def test_normals_background_is_black_where_body_parts_say(runtime, photo, half_b
 def test_depth_point_cloud_holds_the_foreground(runtime, photo, tmp_path, half_background):
     seg = half_background
     result = runtime.run("depth", photo)
-    files = {path.name: path for path in result.export(tmp_path, "photo")}
+    files = {path.name: path for path in export_result(result, tmp_path, "photo")}
     vertices, exact = read_ply(files["photo_points.ply"])
     assert exact and len(vertices) == int((seg != 0).sum())
-    np.testing.assert_allclose(np.load(files["photo_depth.npy"]), result.prediction[..., 2])
+    np.testing.assert_allclose(np.load(files["photo_depth.npy"]), result.prediction.pointmap[..., 2])
     foreground = np.flatnonzero((seg != 0).ravel())
     np.testing.assert_array_equal(vertices["red"], photo.rgb.reshape(-1, 3)[foreground, 0])
 
@@ -271,7 +285,7 @@ def test_matting_composite_over_an_uploaded_background(runtime, photo):
     background = np.zeros((40, 40, 3), np.uint8)
     background[..., 2] = 255
     result = runtime.run("matting", photo, background_image=background)
-    alpha = result.prediction
+    alpha = result.prediction.alpha
     composite = result.pictures[2][1].astype(int)
     assert composite.shape == photo.rgb.shape
     transparent = alpha < 0.02

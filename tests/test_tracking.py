@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from sapiens2.data.metadata import keypoints308
-from sapiens2.pipelines.pose import PosePrediction, pose_result
+from sapiens2.outputs.results import TaskResult
+from sapiens2.pipelines.pose import PosePrediction
 from sapiens2.pipelines.pose_tracking import PoseTracker
+from sapiens2.tasks import draw_result
 from sapiens2.tasks.registry import get_task
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.pose_decoding import Person
@@ -135,9 +137,10 @@ def frame_result(persons: list[Person], given: Detections | None):
         persons = [dataclasses.replace(p, box=box) for p, box in zip(persons, given.boxes_xywh, strict=True)]
     boxes = np.array([p.box for p in persons], dtype=np.float32)
     found = Detections(boxes, np.full(len(persons), 0.95, dtype=np.float32), found=len(persons))
-    prediction = PosePrediction(persons, found, META.names, (HEIGHT, WIDTH), META)
+    photo = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
+    prediction = PosePrediction(photo, "stand-in", persons, found, META.names, META)
     options = get_task("pose").coerce_options({})
-    return pose_result("pose", "stand-in", np.zeros((HEIGHT, WIDTH, 3), np.uint8), prediction, options)
+    return draw_result(TaskResult("pose", "stand-in", prediction, options))
 
 
 def tracker_for(**values) -> PoseTracker:
@@ -164,6 +167,7 @@ def test_the_pose_tracker_detects_every_n_frames_and_writes_the_ids():
     assert detected == [True, False, False, False] * 3
     assert tracker.notes == ["The person detector ran on 3 of 12 frames (every 4)."]
     # The ids are drawn: the picture differs from the one drawn without them.
+    result = draw_result(result)
     assert not np.array_equal(result.pictures[0][1], frame_result(crossing()[11], None).pictures[0][1])
 
 

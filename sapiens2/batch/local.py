@@ -23,6 +23,7 @@ from sapiens2.batch.report import (
     reason,
 )
 from sapiens2.batch.request import BatchRequest
+from sapiens2.batch.retry import each_alone_on_failure
 from sapiens2.batch.video import (
     VIDEO_FORMATS,
     VideoError,
@@ -100,11 +101,11 @@ class Run:
             for start in range(0, len(sources), batch_size):
                 chunk = sources[start : start + batch_size]
                 for source, result in self.results(task, self.loaded(chunk)):
+                    self.save(result, task, source)  # drawing the pictures it writes, counted below
                     stats.images += 1
                     stats.seconds += result.timings.total
                     if result.persons is not None:
                         stats.persons = (stats.persons or 0) + result.persons
-                    self.save(result, task, source)
                 bar.update(len(chunk))
 
     def loaded(self, sources: Sequence[Source]) -> list[tuple[Source, LoadedImage]]:
@@ -120,24 +121,24 @@ class Run:
 
     def results(self, task: Task, batch: list[tuple[Source, LoadedImage]]) -> list[tuple[Source, TaskResult]]:
         """(source, result) pairs of a batch; when the batch fails, each photo is tried alone."""
-        if not batch:
-            return []
-        try:
-            results = self.runtime.run_batch(
+
+        def run(pairs: list[tuple[Source, LoadedImage]]) -> list[TaskResult]:
+            return self.runtime.run_batch(
                 task.name,
-                [image for _, image in batch],
+                [image for _, image in pairs],
                 size=task.size_or_default(self.request.size),
                 model=self.request.model,
+                pictures=False,  # drawn when written, those planned only
                 **self.request.task_options(task),
             )
-            return list(zip([source for source, _ in batch], results, strict=True))
-        except TASK_ERRORS:
-            raise
-        except Exception as error:
-            if len(batch) == 1:
-                self.report.fail(batch[0][0].label, error)
-                return []
-        return [pair for item in batch for pair in self.results(task, [item])]
+
+        pairs = []
+        for (source, _), outcome in zip(batch, each_alone_on_failure(run, batch), strict=True):
+            if isinstance(outcome, Exception):
+                self.report.fail(source.label, outcome)
+            else:
+                pairs.append((source, outcome))
+        return pairs
 
     def save(self, result: TaskResult, task: Task, source: Source) -> None:
         try:

@@ -58,7 +58,7 @@ class VideoMotion:
     def pointmaps(self, images: list[np.ndarray], progress: Progress | None = None) -> list[np.ndarray]:
         """Each frame's pointmap at the frame's size (no body-part model: two models per frame)."""
         results = self.runtime.run_batch(
-            POINTMAP_TASK, images, size=self.size, progress=progress, remove_background=False
+            POINTMAP_TASK, images, size=self.size, progress=progress, remove_background=False, pictures=False
         )
         return [pointmap_of(result) for result in results]
 

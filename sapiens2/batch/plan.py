@@ -1,10 +1,8 @@
-"""What a batch run writes for each input (export kinds, pictures, videos) and how a photo's files land."""
+"""What a batch run writes for each input (export kinds, pictures, videos), and a photo's files written."""
 
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +12,10 @@ from sapiens2.batch.inputs import Source
 from sapiens2.batch.video import video_outputs
 from sapiens2.outputs.exports import write_picture
 from sapiens2.outputs.results import TaskResult
-from sapiens2.tasks import Task
+from sapiens2.tasks import Task, draw_result, export_kinds
+from sapiens2.tasks.outputs import write_exports
 
-EXPORT_KINDS = ("json", "png", "npy", "ply", "glb")
+EXPORT_KINDS = export_kinds()  # "json", "png", "npy", "ply", "glb": the types of the files the tasks write
 NAME_MAX, PATH_MAX = 255, 4095  # bytes of one part of a path and of a whole path (Linux)
 
 
@@ -32,7 +31,8 @@ class Plan:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def export_suffixes(self, task: Task) -> list[str]:
-        return [s for s in task.exports_for(self.options) if s.rsplit(".", 1)[-1] in self.exports]
+        """What follows a photo's stem in the names of the exports it gets from `task`."""
+        return list(task.exports_for(self.options, self.exports))
 
     def picture_suffixes(self, task: Task) -> dict[str, str]:
         """Picture title -> file suffix; a picture whose content an export writes is left to that export."""
@@ -66,27 +66,29 @@ class Plan:
 def write_image_outputs(result: TaskResult, task: Task, source: Source, plan: Plan) -> tuple[list[Path], int]:
     """Write the planned exports and pictures of one photo; returns the files written and those kept.
 
-    Exports are written to a hidden folder first, and only the chosen kinds are moved into place.
+    Only what is planned and missing (or everything, with overwrite) is written, and only the pictures
+    written are drawn. Every file or none: those written before a failure are removed.
     """
-    staging = source.directory / f".sapiens2-{secrets.token_hex(6)}"
+    folder, stem = source.directory, source.stem
+
+    def missing(suffix: str) -> bool:
+        return plan.overwrite or not (folder / f"{stem}{suffix}").exists()
+
+    exports = task.chosen_exports(plan.options, plan.exports)
+    pictures = plan.picture_suffixes(task)
+    todo = [export for export in exports if missing(export.suffix)]
+    titles = [title for title, suffix in pictures.items() if missing(f"{suffix}.png")]
+    kept = len(exports) - len(todo) + len(pictures) - len(titles)
+    written = write_exports(todo, result.prediction, result.options, folder, stem)
     try:
-        exported = {path.name.removeprefix(source.stem): path for path in result.export(staging, source.stem)}
-        files = {f"{source.stem}{suffix}": exported[suffix] for suffix in plan.export_suffixes(task)}
-        pictures = dict(result.pictures)
-        for title, suffix in plan.picture_suffixes(task).items():
-            for path in write_picture(staging, source.stem, suffix, pictures[title]):
-                files[path.name] = path
-        written, kept = [], 0
-        for name, staged in files.items():
-            target = source.directory / name
-            if target.exists() and not plan.overwrite:
-                kept += 1
-                continue
-            os.replace(staged, target)
-            written.append(target)
-        return written, kept
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        drawn = dict(draw_result(result, titles).pictures) if titles else {}
+        for title in titles:
+            written += write_picture(folder, stem, pictures[title], drawn[title])
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    return written, kept
 
 
 def too_long(path: Path) -> bool:

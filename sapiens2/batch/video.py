@@ -29,6 +29,7 @@ from sapiens2.errors import DeviceTimeError
 from sapiens2.progress import Progress, within
 from sapiens2.runtime.jobs import check_cancelled
 from sapiens2.runtime.runtime import Runtime
+from sapiens2.tasks.outputs import draw_result
 from sapiens2.tasks.registry import Task, get_task
 from sapiens2.vision.images import sanitize_filename
 from sapiens2.vision.limits import Limits
@@ -372,6 +373,7 @@ def process_video(
     stem = job.output_stem
     targets = video_outputs(task, job.out_dir, stem, video_format=job.video_format)
     shown = [picture.title for picture in task.pictures if picture.in_videos]
+    titles = [task.pictures[0].title, *shown]  # the task's video shows its first picture
     threshold = options.get("threshold", 0.0)
     capture_motion = None
     if wanted(video_options) and job.write_log:
@@ -430,6 +432,7 @@ def process_video(
                             model=job.model,
                             progress=step,
                             given=given,
+                            pictures=False,
                             **options,
                         )
                         pointmaps = [None] * len(batch)
@@ -446,9 +449,10 @@ def process_video(
                         result = follower.follow(rgb, result, 1.0 / fps)
                     if capture_motion is not None:  # the keypoints as seen (smoothed later, without lag)
                         capture_motion.add(rgb, seen, result, pointmap)
-                    pictures = dict(result.pictures)
-                    for sink, title in zip(sinks, [result.pictures[0][0], *shown], strict=False):
-                        sink.write(pictures[title])
+                    if sinks:  # drawn once, after the follower: only the pictures the videos show
+                        pictures = dict(draw_result(result, titles).pictures)
+                        for sink, title in zip(sinks, titles, strict=False):
+                            sink.write(pictures[title])
                     if log is not None:
                         log.add(f"{index:06d}", result)
                     if result.persons is not None:

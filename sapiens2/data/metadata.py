@@ -33,6 +33,15 @@ class KeypointMeta:
         """The same metadata with other keypoint names (e.g. a checkpoint's id2label), same count."""
         return dataclasses.replace(self, names=_checked_names(names, len(self.names)))
 
+    def __reduce__(self) -> tuple:
+        # Pickled with its groups as a plain dict: a mappingproxy does not pickle.
+        values = {item.name: getattr(self, item.name) for item in dataclasses.fields(self)}
+        return _keypoint_meta, (values | {"groups": dict(self.groups)},)
+
+
+def _keypoint_meta(values: dict) -> KeypointMeta:
+    return KeypointMeta(**(values | {"groups": MappingProxyType(values["groups"])}))
+
 
 @dataclass(frozen=True)
 class BodyPartMeta:

@@ -30,6 +30,15 @@ from sapiens2.vision.pose_decoding import Person
 POSE_FORMAT = "sapiens2-pose"
 POSE_FORMAT_VERSION = 1
 POSE_FRAMES_SUFFIX = "_predictions.json"
+# The names of the files after the photo's stem: each written here only, by its writer, and declared by the
+# tasks' exports from these constants.
+POSE_JSON = "_pose.json"
+SEGMENTATION_PNG, SEGMENTATION_NPY = "_segmentation.png", "_segmentation.npy"
+NORMALS_NPY, NORMALS_PNG = "_normals.npy", "_normals_16bit.png"
+DEPTH_NPY, DEPTH_PNG, DEPTH_JSON = "_depth.npy", "_depth_16bit.png", "_depth.json"
+POINTS_PLY, MESH_GLB, MESH_PREVIEW_GLB = "_points.ply", "_mesh.glb", "_mesh_preview.glb"
+CLS_NPY, PATCHES_NPY = "_cls.npy", "_patches.npy"
+ALPHA, CUTOUT = "_alpha", "_cutout"  # matting's matte and cut-out, each a .png
 DEPTH_FORMAT = "sapiens2-depth"
 DEPTH_FORMAT_VERSION = 1
 PINHOLE = "pinhole: u = fx X/Z + cx, v = fy Y/Z + cy; pixel centres at integers (column u, row v)"
@@ -132,14 +141,16 @@ def pose_document(
             raise ValueError(f"{len(person.keypoints)} keypoints but {len(keypoint_names)} keypoint names")
         xs, ys = _rounded(person.keypoints[:, 0], 2), _rounded(person.keypoints[:, 1], 2)
         scores = _rounded(person.scores, 4)
-        records.append({
-            "box_xywh": _rounded(person.box, 2),
-            "box_score": None if person.box_score is None else round(float(person.box_score), 4),
-            "keypoints": [
-                {"name": name, "x": x, "y": y, "score": s}
-                for name, x, y, s in zip(keypoint_names, xs, ys, scores, strict=True)
-            ],
-        })
+        records.append(
+            {
+                "box_xywh": _rounded(person.box, 2),
+                "box_score": None if person.box_score is None else round(float(person.box_score), 4),
+                "keypoints": [
+                    {"name": name, "x": x, "y": y, "score": s}
+                    for name, x, y, s in zip(keypoint_names, xs, ys, scores, strict=True)
+                ],
+            }
+        )
     height, width = image_size
     return {
         "format": POSE_FORMAT,
@@ -173,7 +184,7 @@ def write_pose_json(
         model_id=model_id,
         detections=detections,
     )
-    return [_atomic_write(_target(directory, stem, "_pose.json"), _json(document))]
+    return [_atomic_write(_target(directory, stem, POSE_JSON), _json(document))]
 
 
 def pose_frames_document(
@@ -237,8 +248,8 @@ def depth_document(
         "axes": "camera: x right, y down, z away from the camera; the .glb mesh has glTF's (x, -y, -z)",
         "foreground_points": int(foreground_points),
         "camera": None if camera is None else {**camera.as_dict(), "model": PINHOLE},
-        "depth_png": {"suffix": "_depth_16bit.png", "metres_per_unit": depth_scale, "zero": "no depth"},
-        "mesh": {"suffix": "_mesh.glb", "grid_step": int(mesh_step), "max_relative_jump": MAX_RELATIVE_JUMP},
+        "depth_png": {"suffix": DEPTH_PNG, "metres_per_unit": depth_scale, "zero": "no depth"},
+        "mesh": {"suffix": MESH_GLB, "grid_step": int(mesh_step), "max_relative_jump": MAX_RELATIVE_JUMP},
     }  # fmt: skip
 
 
@@ -268,18 +279,28 @@ def write_picture(directory: str | os.PathLike, stem: str, suffix: str, picture:
     return [_atomic_write(_target(directory, f"{stem}{suffix}", ".png"), _png(picture))]
 
 
-def write_segmentation(directory: str | os.PathLike, stem: str, seg: np.ndarray) -> list[Path]:
-    """`{stem}_segmentation.png` (8-bit class ids, lossless) and `{stem}_segmentation.npy` (uint8 ids)."""
+def _labels(seg: np.ndarray) -> np.ndarray:
     seg = np.asarray(seg)
     if seg.ndim != 2 or not np.issubdtype(seg.dtype, np.integer):
         raise ValueError(f"segmentation must be (H, W) integer class ids, got {seg.dtype} {seg.shape}")
     if seg.size and (seg.min() < 0 or seg.max() > 255):
         raise ValueError("segmentation class ids must fit in 0-255")
-    labels = np.ascontiguousarray(seg, dtype=np.uint8)
-    return [
-        _atomic_write(_target(directory, stem, "_segmentation.png"), _png(labels)),
-        _atomic_write(_target(directory, stem, "_segmentation.npy"), _npy(labels)),
-    ]
+    return np.ascontiguousarray(seg, dtype=np.uint8)
+
+
+def write_segmentation_png(directory: str | os.PathLike, stem: str, seg: np.ndarray) -> list[Path]:
+    """`{stem}_segmentation.png`: class ids as an 8-bit grey PNG, lossless."""
+    return [_atomic_write(_target(directory, stem, SEGMENTATION_PNG), _png(_labels(seg)))]
+
+
+def write_segmentation_npy(directory: str | os.PathLike, stem: str, seg: np.ndarray) -> list[Path]:
+    """`{stem}_segmentation.npy`: class ids (H, W) as uint8."""
+    return [_atomic_write(_target(directory, stem, SEGMENTATION_NPY), _npy(_labels(seg)))]
+
+
+def write_segmentation(directory: str | os.PathLike, stem: str, seg: np.ndarray) -> list[Path]:
+    """`{stem}_segmentation.png` (8-bit class ids, lossless) and `{stem}_segmentation.npy` (uint8 ids)."""
+    return write_segmentation_png(directory, stem, seg) + write_segmentation_npy(directory, stem, seg)
 
 
 def _checked(array: np.ndarray, channels: int | None, what: str) -> np.ndarray:
@@ -294,13 +315,13 @@ def _checked(array: np.ndarray, channels: int | None, what: str) -> np.ndarray:
 def write_normals(directory: str | os.PathLike, stem: str, normals: np.ndarray) -> list[Path]:
     """`{stem}_normals.npy`: unit normals (H, W, 3) as float16."""
     normals = _checked(normals, 3, "normals").astype(np.float16)
-    return [_atomic_write(_target(directory, stem, "_normals.npy"), _npy(normals))]
+    return [_atomic_write(_target(directory, stem, NORMALS_NPY), _npy(normals))]
 
 
 def write_depth(directory: str | os.PathLike, stem: str, depth: np.ndarray) -> list[Path]:
     """`{stem}_depth.npy`: depth (H, W) as float32."""
     depth = _checked(depth, None, "depth").astype(np.float32)
-    return [_atomic_write(_target(directory, stem, "_depth.npy"), _npy(depth))]
+    return [_atomic_write(_target(directory, stem, DEPTH_NPY), _npy(depth))]
 
 
 DEPTH_SCALE_KEY = "Depth scale"  # the tEXt keyword of the 16-bit depth PNG's metres per unit
@@ -328,7 +349,7 @@ def write_depth_png(directory: str | os.PathLike, stem: str, depth: np.ndarray, 
         DEPTH_SCALE_KEY: repr(scale),
         "Description": f"Depth in metres = value x {scale!r}; 0 = no depth.",
     }
-    return [_atomic_write(_target(directory, stem, "_depth_16bit.png"), _png(levels, text))]
+    return [_atomic_write(_target(directory, stem, DEPTH_PNG), _png(levels, text))]
 
 
 def write_normals_png(directory: str | os.PathLike, stem: str, normals: np.ndarray) -> list[Path]:
@@ -337,20 +358,22 @@ def write_normals_png(directory: str | os.PathLike, stem: str, normals: np.ndarr
     normals = _checked(normals, 3, "normals").astype(np.float32)
     levels = np.round((np.clip(normals, -1.0, 1.0) + 1.0) * (65535 / 2)).astype(np.uint16)
     text = {"Description": "Unit normals: n = value / 65535 x 2 - 1 per channel (x right, y down, z away)."}
-    return [_atomic_write(_target(directory, stem, "_normals_16bit.png"), _png(levels, text))]
+    return [_atomic_write(_target(directory, stem, NORMALS_PNG), _png(levels, text))]
 
 
 def _ply(points: np.ndarray, colors: np.ndarray) -> Writer:
     """Binary little-endian PLY of points (N, 3) coloured (N, 3) uint8: x y z float, red green blue uchar."""
-    header = "\n".join([
-        "ply",
-        "format binary_little_endian 1.0",
-        f"element vertex {len(points)}",
-        *(f"property float {axis}" for axis in "xyz"),
-        *(f"property uchar {channel}" for channel in ("red", "green", "blue")),
-        "end_header",
-        "",
-    ]).encode("ascii")
+    header = "\n".join(
+        [
+            "ply",
+            "format binary_little_endian 1.0",
+            f"element vertex {len(points)}",
+            *(f"property float {axis}" for axis in "xyz"),
+            *(f"property uchar {channel}" for channel in ("red", "green", "blue")),
+            "end_header",
+            "",
+        ]
+    ).encode("ascii")
     # Each vertex is 15 packed bytes: three little-endian float32 then three uint8.
     vertices = np.empty((len(points), 15), dtype=np.uint8)
     vertices[:, :12] = np.ascontiguousarray(points, dtype="<f4").view(np.uint8).reshape(-1, 12)
@@ -393,7 +416,7 @@ def write_point_cloud(
     Points are in the model's camera space; pixels with non-finite coordinates are left out.
     """
     xyz, rgb = _foreground_points(points, image, foreground)
-    return [_atomic_write(_target(directory, stem, "_points.ply"), _ply(xyz, rgb))]
+    return [_atomic_write(_target(directory, stem, POINTS_PLY), _ply(xyz, rgb))]
 
 
 def write_mesh(
@@ -407,7 +430,7 @@ def write_mesh(
     """`{stem}_mesh.glb`: the pointmap (H, W, 3) as a mesh of its foreground pixels (every `step`-th row and
     column), coloured by the photo (H, W, 3) uint8, on glTF's axes (see sapiens2.outputs.mesh)."""
     mesh = pointmap_mesh(*_pointmap_inputs(points, image, foreground), step)
-    return [_atomic_write(_target(directory, stem, "_mesh.glb"), lambda file: write_glb(file, mesh))]
+    return [_atomic_write(_target(directory, stem, MESH_GLB), lambda file: write_glb(file, mesh))]
 
 
 def write_mesh_preview(
@@ -424,7 +447,7 @@ def write_mesh_preview(
     mesh = pointmap_mesh(points, image, foreground, step_for_faces(points, foreground, max_faces))
     centre = -np.median(mesh.vertices, axis=0) if len(mesh.vertices) else None
     return _atomic_write(
-        _target(directory, stem, "_mesh_preview.glb"), lambda file: write_glb(file, mesh, centre)
+        _target(directory, stem, MESH_PREVIEW_GLB), lambda file: write_glb(file, mesh, centre)
     )
 
 
@@ -432,7 +455,7 @@ def write_matting(
     directory: str | os.PathLike, stem: str, image: np.ndarray, alpha: np.ndarray
 ) -> list[Path]:
     """`{stem}_alpha.png` (8-bit grey matte) and `{stem}_cutout.png` (RGBA: the image with the matte)."""
-    return write_cutout(directory, stem, image, alpha, "_alpha", "_cutout")
+    return write_cutout(directory, stem, image, alpha, ALPHA, CUTOUT)
 
 
 def write_cutout(
@@ -445,27 +468,64 @@ def write_cutout(
 ) -> list[Path]:
     """`{stem}{alpha_suffix}.png` (8-bit grey alpha) and `{stem}{cutout_suffix}.png` (RGBA: the image with
     that alpha)."""
+    return write_alpha(directory, stem, alpha_suffix, alpha, image) + write_rgba(
+        directory, stem, cutout_suffix, image, alpha
+    )
+
+
+def _image_and_alpha(image: np.ndarray, alpha: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     image = _checked(image, 3, "image")
     alpha = _checked(alpha, None, "alpha")
     if image.shape[:2] != alpha.shape or image.dtype != np.uint8:
         raise ValueError("image must be uint8 and share its (H, W) with alpha")
-    alpha = alpha_to_uint8(alpha)
-    return [
-        _atomic_write(_target(directory, stem, f"{alpha_suffix}.png"), _png(alpha)),
-        _atomic_write(_target(directory, stem, f"{cutout_suffix}.png"), _png(np.dstack([image, alpha]))),
-    ]
+    return image, alpha_to_uint8(alpha)
+
+
+def write_alpha(
+    directory: str | os.PathLike, stem: str, suffix: str, alpha: np.ndarray, image: np.ndarray
+) -> list[Path]:
+    """`{stem}{suffix}.png`: an alpha matte (H, W) as 8-bit grey, checked against its `image`."""
+    _, alpha = _image_and_alpha(image, alpha)
+    return [_atomic_write(_target(directory, stem, f"{suffix}.png"), _png(alpha))]
+
+
+def write_rgba(
+    directory: str | os.PathLike, stem: str, suffix: str, image: np.ndarray, alpha: np.ndarray
+) -> list[Path]:
+    """`{stem}{suffix}.png`: RGBA, the uint8 `image` (H, W, 3) with `alpha` (H, W) as its alpha."""
+    image, alpha = _image_and_alpha(image, alpha)
+    return [_atomic_write(_target(directory, stem, f"{suffix}.png"), _png(np.dstack([image, alpha])))]
+
+
+def _features(cls_embedding: np.ndarray, patch_features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    cls_embedding = np.asarray(cls_embedding, dtype=np.float32).reshape(-1)
+    patch_features = np.asarray(patch_features, dtype=np.float32)
+    if patch_features.ndim != 3 or patch_features.shape[0] != cls_embedding.shape[0]:
+        expected = f"(C, h, w) with C = {len(cls_embedding)}"
+        raise ValueError(f"patch features must be {expected}, got {patch_features.shape}")
+    return cls_embedding, patch_features
+
+
+def write_cls(
+    directory: str | os.PathLike, stem: str, cls_embedding: np.ndarray, patch_features: np.ndarray
+) -> list[Path]:
+    """`{stem}_cls.npy`: the CLS embedding (C,) as float32, checked against its patch features (C, h, w)."""
+    cls_embedding, _ = _features(cls_embedding, patch_features)
+    return [_atomic_write(_target(directory, stem, CLS_NPY), _npy(cls_embedding))]
+
+
+def write_patches(
+    directory: str | os.PathLike, stem: str, cls_embedding: np.ndarray, patch_features: np.ndarray
+) -> list[Path]:
+    """`{stem}_patches.npy`: the patch features (C, h, w) as float32, checked against the CLS embedding."""
+    _, patch_features = _features(cls_embedding, patch_features)
+    return [_atomic_write(_target(directory, stem, PATCHES_NPY), _npy(patch_features))]
 
 
 def write_features(
     directory: str | os.PathLike, stem: str, cls_embedding: np.ndarray, patch_features: np.ndarray
 ) -> list[Path]:
     """`{stem}_cls.npy` (C,) and `{stem}_patches.npy` (C, h, w), both float32."""
-    cls_embedding = np.asarray(cls_embedding, dtype=np.float32).reshape(-1)
-    patch_features = np.asarray(patch_features, dtype=np.float32)
-    if patch_features.ndim != 3 or patch_features.shape[0] != cls_embedding.shape[0]:
-        expected = f"(C, h, w) with C = {len(cls_embedding)}"
-        raise ValueError(f"patch features must be {expected}, got {patch_features.shape}")
-    return [
-        _atomic_write(_target(directory, stem, "_cls.npy"), _npy(cls_embedding)),
-        _atomic_write(_target(directory, stem, "_patches.npy"), _npy(patch_features)),
-    ]
+    return write_cls(directory, stem, cls_embedding, patch_features) + write_patches(
+        directory, stem, cls_embedding, patch_features
+    )

@@ -1,4 +1,5 @@
-"""What running a task on one photo gives back: pictures, a prediction, exports, timings and notes."""
+"""What running a task on one photo gives back: its prediction as plain data, the pictures drawn of it when
+asked, timings and notes; and how a task declares the files it writes (`Export`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -48,23 +49,58 @@ class Timings:
         return sum(astuple(self))
 
 
-Exporter = Callable[[Path, str], list[Path]]
+@dataclass
+class Prediction:
+    """What every task's prediction holds besides its own arrays: the photo it was made from (uint8 RGB at
+    its own size, which pictures and coloured files read) and the model that made it (as files name it).
+    A prediction is plain data: it pickles and a copy writes the same files."""
+
+    image: np.ndarray
+    model_id: str
+
+
+P = TypeVar("P", bound=Prediction)
+Options = Mapping[str, Any]  # a task's checked options, by name
+
+
+@dataclass(frozen=True)
+class Export(Generic[P]):
+    """One file a task may write from its prediction: the name after the photo's stem (`suffix`, the writer's
+    own constant from `sapiens2.outputs.exports`), `write(prediction, options, directory, stem)` returning
+    the path written, and `chosen(options)`: whether a run with these options writes it (None: always)."""
+
+    suffix: str
+    write: Callable[[P, Options, Path, str], list[Path]]
+    chosen: Callable[[Options], bool] | None = None
+
+    @property
+    def kind(self) -> str:
+        """The file's type, as the command line's --export names it: "json", "png", "npy", "ply", "glb"."""
+        return self.suffix.rsplit(".", 1)[-1]
+
+    def wanted(self, options: Options) -> bool:
+        return self.chosen is None or self.chosen(options)
+
+
+Pictures = list[tuple[str, np.ndarray]]  # (title, uint8 RGB picture at the photo's size), in the task's order
 
 
 @dataclass
 class TaskResult:
-    """One task's answer for one photo; pictures are uint8 RGB at the photo's own size."""
+    """One task's answer for one photo: plain data that pickles (a ZeroGPU fork, a Ray stage, a video's frame
+    log). `prediction` is the task's typed prediction; `options` the checked options it was run with, which
+    drawing and exports read; `pictures` is empty until drawn (`sapiens2.tasks.draw_result`), then holds
+    uint8 RGB pictures at the photo's own size. Files come from `sapiens2.tasks.export_result`."""
 
     task: str
     model_id: str
-    pictures: list[tuple[str, np.ndarray]]
-    prediction: Any
-    exporter: Exporter
+    prediction: Prediction
+    options: dict[str, Any] = field(default_factory=dict)
+    pictures: Pictures = field(default_factory=list)
     summary: str = ""
     notes: list[str] = field(default_factory=list)
     timings: Timings = field(default_factory=Timings)
     persons: int | None = None  # persons the detector found, for tasks that detect them
-    viewer: Callable[[Path, str], Path] | None = None  # writes the file a 3-D viewer shows, if any
     device: str = "cpu"
     dtype: str = "fp32"
 
@@ -78,18 +114,6 @@ class TaskResult:
         parts.append(f"pictures {self.timings.pictures:.2f} s")
         line = " · ".join(parts + [self.device, self.dtype])
         return f"{line[0].upper()}{line[1:]} · {self.model_id}"
-
-    def export(self, directory: str | Path, stem: str) -> list[Path]:
-        """Write the task's files (JSON, PNG, .npy, .ply) into `directory`, named after `stem`."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        before = set(directory.iterdir())
-        try:
-            return self.exporter(directory, stem)
-        except BaseException:  # every file or none: those written before a failure (a full disk) go
-            for path in set(directory.iterdir()) - before:
-                path.unlink(missing_ok=True)
-            raise
 
 
 class FrameLog(ABC):
@@ -143,7 +167,8 @@ class FrameFollower(ABC):
 
     @abstractmethod
     def follow(self, rgb: np.ndarray, result: TaskResult, dt: float) -> TaskResult:
-        """The result of the frame `rgb` (RGB at its own size) with what the frames before tell."""
+        """The result of the frame `rgb` (RGB at its own size) with what the frames before tell; its pictures,
+        if any were drawn, are left out, to be drawn of the result followed."""
 
     @property
     def notes(self) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,8 +36,9 @@ class TaskSpec(Protocol):
 
 
 class ModelHost(Protocol):
-    """The services of the runtime that pipelines use: cached models, their settings, forwards, detection;
-    `setup`, the settings the runtime was given (sapiens2.settings)."""
+    """What pipelines ask of where the models live: cached models, their configs and settings, forwards,
+    detection. Nothing else: a pipeline never calls back into the runtime that runs it. `setup`: the
+    settings the runtime was given (sapiens2.settings)."""
 
     setup: Settings
 
@@ -50,11 +51,6 @@ class ModelHost(Protocol):
     def detect(self, image: LoadedImage) -> Detections: ...
 
     def config(self, repo_id: str) -> Sapiens2Config: ...
-
-    def run_on_device(self, context: PipelineContext, photos: Sequence[Any], first_step: int) -> None:
-        """Run the pipeline's steps from `first_step` on where the models live, filling the photos' values
-        (`photos`: the pipeline's `sapiens2.pipelines.steps.Photo`s)."""
-        ...
 
 
 @dataclass

@@ -4,10 +4,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from sapiens2.outputs.exports import (
+    DEPTH_JSON,
+    DEPTH_NPY,
+    DEPTH_PNG,
+    MESH_GLB,
+    POINTS_PLY,
     depth_document,
     depth_png_scale,
     write_depth,
@@ -19,7 +26,7 @@ from sapiens2.outputs.exports import (
 )
 from sapiens2.outputs.mesh import step_for_bytes
 from sapiens2.outputs.pictures import depth_picture
-from sapiens2.outputs.results import TaskResult
+from sapiens2.outputs.results import Export, Options, Prediction, TaskResult
 from sapiens2.pipelines.common import forward_inputs, resize_step, row
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import Option
@@ -45,20 +52,34 @@ OPTIONS = (
 MESH_SHARE = 0.25
 
 
-def _exporter(points: np.ndarray, rgb: np.ndarray, foreground: np.ndarray, document: dict):
-    depth, scale = points[..., 2], document["depth_png"]["metres_per_unit"]
-    step = document["mesh"]["grid_step"]
+@dataclass
+class DepthPrediction(Prediction):
+    """The pointmap (H, W, 3) float32 at the photo's size, x, y, z in metres in the camera's space
+    (`pointmap`); True for the person's pixels (`foreground`); the pinhole camera the points imply
+    (`intrinsics`, None when too few points); the 16-bit depth PNG's metres per unit (`depth_scale`) and
+    the full mesh's grid step (`mesh_step`)."""
 
-    def export(directory, stem):
-        return [
-            *write_depth(directory, stem, depth),
-            *write_depth_png(directory, stem, depth, scale),
-            *write_json(directory, stem, "_depth.json", document),
-            *write_point_cloud(directory, stem, points, rgb, foreground),
-            *write_mesh(directory, stem, points, rgb, foreground, step),
-        ]
+    pointmap: np.ndarray
+    foreground: np.ndarray
+    intrinsics: Intrinsics | None
+    depth_scale: float
+    mesh_step: int
 
-    return export
+    @property
+    def depth(self) -> np.ndarray:
+        """z (H, W), the distance along the camera's axis."""
+        return self.pointmap[..., 2]
+
+    def document(self) -> dict:
+        """The `_depth.json` document: the camera, the depth PNG's scale, the mesh's grid step."""
+        return depth_document(
+            model_id=self.model_id,
+            image_size=self.foreground.shape,
+            foreground_points=int(self.foreground.sum()),
+            camera=self.intrinsics,
+            depth_scale=self.depth_scale,
+            mesh_step=self.mesh_step,
+        )
 
 
 def _camera_sentence(camera: Intrinsics | None) -> str:
@@ -95,8 +116,6 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     planes = planes.numpy()
     mask = photo.values["mask"]
     foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
-    with photo.timings.measure("pictures"):
-        picture = depth_picture(planes[2], foreground)
     usable = points_in_front(planes, foreground)  # checked once for the camera and the mesh
     camera = fit_intrinsics(points, usable)
     mesh_budget = MESH_SHARE * context.host.setup.max_output_mb * 1e6
@@ -107,24 +126,42 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
             f"The mesh download keeps one pixel in {step} along each row and column: at full resolution it "
             f"would take more than {mesh_budget / 1e6:.0f} MB, a quarter of this server's output limit."
         )
-    document = depth_document(
-        model_id=context.model_name,
-        image_size=image.original_size,
-        foreground_points=int(foreground.sum()),
-        camera=camera,
-        depth_scale=depth_png_scale(planes[2]),
-        mesh_step=step,
-    )
+    scale = depth_png_scale(planes[2])
+    prediction = DepthPrediction(image.rgb, context.model_name, points, foreground, camera, scale, step)
     return TaskResult(
         task=context.task.name,
         model_id=context.model_name,
-        pictures=[("Depth", picture)],
-        prediction=points,
-        exporter=_exporter(points, image.rgb, foreground, document),
+        prediction=prediction,
+        options=dict(context.options),
         summary=f"{int(foreground.sum()):,} foreground points. {_camera_sentence(camera)}",
         notes=notes,
-        viewer=lambda directory, stem: write_mesh_preview(directory, stem, points, image.rgb, foreground),
     )
+
+
+def draw(prediction: DepthPrediction, options: Options) -> np.ndarray:
+    """The foreground's depth in turbo colours."""
+    return depth_picture(np.ascontiguousarray(prediction.depth), prediction.foreground)
+
+
+def view(prediction: DepthPrediction, directory: Path, stem: str) -> Path:
+    """The mesh a 3-D viewer shows: a preview of at most 200,000 faces."""
+    return write_mesh_preview(directory, stem, prediction.pointmap, prediction.image, prediction.foreground)
+
+
+def _write_mesh(found: DepthPrediction, options: Options, directory: Path, stem: str) -> list[Path]:
+    return write_mesh(directory, stem, found.pointmap, found.image, found.foreground, found.mesh_step)
+
+
+EXPORTS: tuple[Export[DepthPrediction], ...] = (
+    Export(DEPTH_NPY, lambda found, _, *place: write_depth(*place, found.depth)),
+    Export(DEPTH_PNG, lambda found, _, *place: write_depth_png(*place, found.depth, found.depth_scale)),
+    Export(DEPTH_JSON, lambda found, _, *place: write_json(*place, DEPTH_JSON, found.document())),
+    Export(
+        POINTS_PLY,
+        lambda found, _, *place: write_point_cloud(*place, found.pointmap, found.image, found.foreground),
+    ),
+    Export(MESH_GLB, _write_mesh),
+)
 
 
 PIPELINE = Pipeline(

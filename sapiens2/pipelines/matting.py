@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from sapiens2.outputs.exports import write_matting, write_picture
+from sapiens2.outputs.exports import ALPHA, CUTOUT, write_alpha, write_picture, write_rgba
 from sapiens2.outputs.pictures import alpha_picture, cutout_on_checkerboard
-from sapiens2.outputs.results import TaskResult
+from sapiens2.outputs.results import Export, Options, Prediction, TaskResult
 from sapiens2.pipelines.common import forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import Option
@@ -37,13 +38,21 @@ def _background(options: Mapping[str, Any]) -> tuple[int, int, int] | np.ndarray
     return (image if isinstance(image, LoadedImage) else load_image(image)).rgb
 
 
-def _exporter(rgb: np.ndarray, alpha: np.ndarray, blended: np.ndarray):
-    def export(directory, stem):
-        return write_matting(directory, stem, rgb, alpha) + write_picture(
-            directory, stem, "_composite", blended
-        )
+COMPOSITE = "_composite"
 
-    return export
+
+@dataclass
+class MattingPrediction(Prediction):
+    """The alpha matte (H, W) float32 in [0, 1] at the photo's size (`alpha`), and the person over the
+    background the options chose, uint8 RGB (`composite`)."""
+
+    alpha: np.ndarray
+    composite: np.ndarray
+
+    @property
+    def grey(self) -> np.ndarray:
+        """The matte as uint8 0-255, as pictures and files show it."""
+        return alpha_to_uint8(self.alpha)
 
 
 def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
@@ -60,21 +69,35 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     )
     blended = to_hwc(composite(foreground, alpha, _background(context.options))[0])
     matte = to_hwc(alpha[0, 0])
-    with photo.timings.measure("pictures"):
-        grey = alpha_to_uint8(matte)  # the pictures' and the files' matte, converted once
-        pictures = [
-            ("Alpha", alpha_picture(grey)),
-            ("Cut-out", cutout_on_checkerboard(image.rgb, grey)),
-            ("Composite", blended),
-        ]
     return TaskResult(
         task=context.task.name,
         model_id=context.model_name,
-        pictures=pictures,
-        prediction=matte,
-        exporter=_exporter(image.rgb, grey, blended),
+        prediction=MattingPrediction(image.rgb, context.model_name, matte, blended),
+        options=dict(context.options),
         summary=f"Foreground: {float(matte.mean()):.0%} of the photo (mean alpha).",
     )
+
+
+def draw_alpha(prediction: MattingPrediction, options: Options) -> np.ndarray:
+    """The matte, white on black."""
+    return alpha_picture(prediction.grey)
+
+
+def draw_cutout(prediction: MattingPrediction, options: Options) -> np.ndarray:
+    """The photo cut out by the matte, on a checkerboard."""
+    return cutout_on_checkerboard(prediction.image, prediction.grey)
+
+
+def draw_composite(prediction: MattingPrediction, options: Options) -> np.ndarray:
+    """The person over the chosen background."""
+    return prediction.composite
+
+
+EXPORTS: tuple[Export[MattingPrediction], ...] = (
+    Export(f"{ALPHA}.png", lambda found, _, *place: write_alpha(*place, ALPHA, found.grey, found.image)),
+    Export(f"{CUTOUT}.png", lambda found, _, *place: write_rgba(*place, CUTOUT, found.image, found.grey)),
+    Export(f"{COMPOSITE}.png", lambda found, _, *place: write_picture(*place, COMPOSITE, found.composite)),
+)
 
 
 PIPELINE = Pipeline((resize_step(), Step("forward", _forward, uses_model=True)), _finish)

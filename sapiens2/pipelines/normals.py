@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from sapiens2.outputs.exports import write_normals, write_normals_png
+import numpy as np
+
+from sapiens2.outputs.exports import NORMALS_NPY, NORMALS_PNG, write_normals, write_normals_png
 from sapiens2.outputs.pictures import normals_picture
-from sapiens2.outputs.results import TaskResult
+from sapiens2.outputs.results import Export, Options, Prediction, TaskResult
 from sapiens2.pipelines.common import forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.segment import background_masks, helper_resize_step
@@ -20,6 +23,15 @@ def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
         photo.values["normals"], photo.values["mask"] = normals[index : index + 1], mask
 
 
+@dataclass
+class NormalsPrediction(Prediction):
+    """Unit normals (H, W, 3) float32 at the photo's size, x right, y down, z away (`normals`); True where
+    the body-part model saw background (`background`, None when it was not asked)."""
+
+    normals: np.ndarray
+    background: np.ndarray | None = None
+
+
 def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     image, settings = photo.image, context.settings()
     # The reference normalizes before resizing, so interpolated pixels fall short of unit length;
@@ -27,21 +39,26 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     resized = normals_to_image(photo.values["normals"], image.model_size, settings, image.original_size)
     unit = unit_vectors_(to_hwc(resized[0]))
     background = photo.values["mask"]
-    with photo.timings.measure("pictures"):
-        picture = normals_picture(unit, background)
     shown = unit.shape[0] * unit.shape[1] - (0 if background is None else int(background.sum()))
     return TaskResult(
         task=context.task.name,
         model_id=context.model_name,
-        pictures=[("Normals", picture)],
-        prediction=unit,
-        exporter=lambda directory, stem: [
-            *write_normals(directory, stem, unit),
-            *write_normals_png(directory, stem, unit),
-        ],
+        prediction=NormalsPrediction(image.rgb, context.model_name, unit, background),
+        options=dict(context.options),
         summary=f"Surface normals of {shown:,} {'pixels' if background is None else 'person pixels'}. "
         + SIXTEEN_BIT_HINT,
     )
+
+
+def draw(prediction: NormalsPrediction, options: Options) -> np.ndarray:
+    """The normals as colours, the background (when removed) left out."""
+    return normals_picture(prediction.normals, prediction.background)
+
+
+EXPORTS: tuple[Export[NormalsPrediction], ...] = (
+    Export(NORMALS_NPY, lambda found, _, *place: write_normals(*place, found.normals)),
+    Export(NORMALS_PNG, lambda found, _, *place: write_normals_png(*place, found.normals)),
+)
 
 
 # Pillow opens a 16-bit RGB PNG as 8 bits per channel, silently: the download says how to keep its 16 bits.

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +15,7 @@ from sapiens2.data.metadata import KeypointMeta, keypoint_set, keypoints308
 from sapiens2.outputs.controlnet import openpose_picture
 from sapiens2.outputs.exports import (
     POSE_FRAMES_SUFFIX,
+    POSE_JSON,
     write_picture,
     write_pose_frames_json,
     write_pose_json,
@@ -27,7 +27,7 @@ from sapiens2.outputs.keypoint_files import (
     write_keypoint_formats,
 )
 from sapiens2.outputs.pictures import draw_pose
-from sapiens2.outputs.results import FrameLog, TaskResult
+from sapiens2.outputs.results import Export, FrameLog, Options, Prediction, TaskResult
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import ByDevice, Option
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
@@ -60,24 +60,45 @@ OPTIONS = (
         "(_openpose.json).",
     ),
 )
-NATIVE_SUFFIX = "_pose.json"
 CONTROLNET_SUFFIX = "_controlnet"
 
 
 @dataclass
-class PosePrediction:
-    """Persons in photo pixels, the detector's findings and flags, the keypoint names and the photo size."""
+class PosePrediction(Prediction):
+    """Per person, in photo pixels: its box, keypoints and their scores (`persons`); the detector's findings
+    and flags; the keypoint names, with their skeleton and colours for drawing (`meta`)."""
 
     persons: list[Person]
     detections: Detections
     keypoint_names: tuple[str, ...]
-    image_size: tuple[int, int]
-    meta: KeypointMeta | None = field(default=None, repr=False)  # names, skeleton and colours, for drawing
+    meta: KeypointMeta = field(repr=False)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) of the photo."""
+        return self.image.shape[:2]
 
     @property
     def detected(self) -> list[Person]:
         """The persons the detector found: none when it fell back to the whole photo."""
         return [] if self.detections.fallback else self.persons
+
+    @property
+    def keypoints(self) -> np.ndarray:
+        """(persons, K, 2) x, y of every person's keypoints."""
+        return np.array([p.keypoints for p in self.persons], dtype=np.float64).reshape(
+            -1, len(self.meta.names), 2
+        )
+
+    @property
+    def scores(self) -> np.ndarray:
+        """(persons, K) the keypoints' scores."""
+        return np.array([p.scores for p in self.persons], dtype=np.float64).reshape(-1, len(self.meta.names))
+
+    @property
+    def boxes(self) -> np.ndarray:
+        """(persons, 4) x, y, w, h of every person's box."""
+        return np.array([p.box for p in self.persons], dtype=np.float64).reshape(-1, 4)
 
 
 @functools.lru_cache(maxsize=8)
@@ -171,45 +192,69 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     # The metadata from the checkpoint's config: a CPU worker of a cluster reads it without the weights.
     image, found, meta = photo.image, photo.values["detections"], keypoint_meta(context.config())
     persons = _in_photo_pixels(image, found, photo.values["keypoints"], photo.values["scores"])
-    prediction = PosePrediction(persons, found, meta.names, image.original_size, meta)
-    with photo.timings.measure("pictures"):
-        return pose_result(context.task.name, context.model_name, image.rgb, prediction, context.options)
-
-
-def pose_result(
-    task: str, repo_id: str, rgb: np.ndarray, prediction: PosePrediction, options: Mapping[str, Any]
-) -> TaskResult:
-    """The result of a photo (RGB at its own size) whose persons are found: pictures, files and summary."""
-    meta, persons = prediction.meta, prediction.persons
-    picture = draw_pose(rgb, persons, meta, options["threshold"], options["show_boxes"])
-    controlnet, controlnet_note = _controlnet_picture(prediction.image_size, persons, meta, options)
-    summary, notes = _summary(prediction.detections)
+    prediction = PosePrediction(image.rgb, context.model_name, persons, found, meta.names, meta)
+    summary, notes = _summary(found)
+    if not convertible("openpose", meta.names):
+        notes.append("The ControlNet picture is drawn from the 308 Sapiens keypoints; this model has others.")
     return TaskResult(
-        task=task,
-        model_id=repo_id,
-        pictures=[("Keypoints", picture), ("ControlNet pose", controlnet)],
+        task=context.task.name,
+        model_id=context.model_name,
         prediction=prediction,
-        exporter=_exporter(prediction, repo_id, options["keypoint_format"], controlnet),
+        options=dict(context.options),
         summary=summary,
-        notes=notes + controlnet_note,
+        notes=notes,
         persons=len(prediction.detected),
     )
 
 
-def _controlnet_picture(size, persons, meta: KeypointMeta, options) -> tuple[np.ndarray, list[str]]:
-    """OpenPose's drawing on black at the photo's size; black alone, with a note, for a model whose
+def draw_keypoints(prediction: PosePrediction, options: Options) -> np.ndarray:
+    """The skeletons (and, when asked, the boxes) on the photo."""
+    meta, persons = prediction.meta, prediction.persons
+    return draw_pose(prediction.image, persons, meta, options["threshold"], options["show_boxes"])
+
+
+def draw_controlnet(prediction: PosePrediction, options: Options) -> np.ndarray:
+    """OpenPose's drawing on black at the photo's size, for ControlNet; black alone for a model whose
     keypoints are not the 308 (a fine-tuned one)."""
-    if not convertible("openpose", meta.names):
-        note = "The ControlNet picture is drawn from the 308 Sapiens keypoints; this model has others."
-        return np.zeros((*size, 3), dtype=np.uint8), [note]
-    return openpose_picture(size, persons, meta.names, options["threshold"]), []
+    if not convertible("openpose", prediction.keypoint_names):
+        return np.zeros((*prediction.image_size, 3), dtype=np.uint8)
+    return openpose_picture(
+        prediction.image_size, prediction.persons, prediction.keypoint_names, options["threshold"]
+    )
 
 
-def chosen_exports(options) -> tuple[str, ...]:
-    """The files a photo gets with these options: the keypoint files chosen and the ControlNet picture."""
-    formats = options["keypoint_format"]
-    keypoint_files = [NATIVE_SUFFIX if name == NATIVE else FORMAT_SUFFIXES[name] for name in formats]
-    return (*keypoint_files, f"{CONTROLNET_SUFFIX}.png")
+def _chosen_format(name: str):
+    return lambda options: name in options["keypoint_format"]
+
+
+def _write_pose_json(prediction: PosePrediction, options: Options, directory: Path, stem: str) -> list[Path]:
+    return write_pose_json(
+        directory,
+        stem,
+        prediction.persons,
+        image_size=prediction.image_size,
+        keypoint_names=prediction.keypoint_names,
+        model_id=prediction.model_id,
+        detections=prediction.detections,
+    )
+
+
+def _format_writer(name: str):
+    def write(prediction: PosePrediction, options: Options, directory: Path, stem: str) -> list[Path]:
+        return write_keypoint_formats(directory, stem, prediction.persons, prediction.keypoint_names, [name])
+
+    return write
+
+
+def _write_controlnet(prediction: PosePrediction, options: Options, directory: Path, stem: str) -> list[Path]:
+    return write_picture(directory, stem, CONTROLNET_SUFFIX, draw_controlnet(prediction, options))
+
+
+EXPORTS = (
+    Export(POSE_JSON, _write_pose_json, _chosen_format(NATIVE)),
+    *(Export(suffix, _format_writer(name), _chosen_format(name)) for name, suffix in FORMAT_SUFFIXES.items()),
+    Export(f"{CONTROLNET_SUFFIX}.png", _write_controlnet),
+)
 
 
 PIPELINE = Pipeline(
@@ -237,27 +282,6 @@ def columns(result: TaskResult) -> dict[str, np.ndarray]:
             -1, count
         ),
     }
-
-
-def _exporter(prediction: PosePrediction, repo_id: str, formats: tuple[str, ...], controlnet: np.ndarray):
-    def export(directory, stem):
-        written = []
-        if NATIVE in formats:
-            written += write_pose_json(
-                directory,
-                stem,
-                prediction.persons,
-                image_size=prediction.image_size,
-                keypoint_names=prediction.keypoint_names,
-                model_id=repo_id,
-                detections=prediction.detections,
-            )
-        others = [name for name in formats if name != NATIVE]
-        names = prediction.keypoint_names
-        written += write_keypoint_formats(directory, stem, prediction.persons, names, others)
-        return written + write_picture(directory, stem, CONTROLNET_SUFFIX, controlnet)
-
-    return export
 
 
 class FramePoses(FrameLog):

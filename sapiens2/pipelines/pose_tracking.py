@@ -11,7 +11,6 @@ import numpy as np
 
 from sapiens2.outputs.results import FrameFollower, TaskResult
 from sapiens2.pipelines.options import ByDevice, Option
-from sapiens2.pipelines.pose import pose_result
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.pose_decoding import Person
 from sapiens2.vision.smoothing import DEFAULT_BETA, DEFAULT_MIN_CUTOFF, KeypointFilter
@@ -69,7 +68,7 @@ class PoseTracker(FrameFollower):
     """Pose's frames in order: ids, smoothed keypoints and the boxes of the next frame between detections.
 
     `options`: pose's and its video options, checked. For each frame: run pose with `given=given()`, then
-    `follow(rgb, result, dt)` gives the result shown and recorded (its pictures drawn again).
+    `follow(rgb, result, dt)` gives the result shown and recorded, whose pictures are then drawn.
     """
 
     def __init__(self, options: Mapping[str, Any], batched: bool = False) -> None:
@@ -110,10 +109,9 @@ class PoseTracker(FrameFollower):
         self._next, self._next_ids = self._next_boxes(persons, prediction.image_size), ids
         if prediction.detections.fallback:
             return result
-        shown = dataclasses.replace(prediction, persons=followed)
-        redrawn = pose_result(result.task, result.model_id, rgb, shown, self.options)
+        # Pictures are drawn of the result followed, once: any drawn before show the persons unfollowed.
         return dataclasses.replace(
-            result, pictures=redrawn.pictures, prediction=shown, exporter=redrawn.exporter
+            result, prediction=dataclasses.replace(prediction, persons=followed), pictures=[]
         )
 
     def _filter(self) -> KeypointFilter:

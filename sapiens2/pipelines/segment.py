@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -13,7 +14,14 @@ from sapiens2.data.metadata import WHOLE_PERSON, BodyPartMeta, body_parts, class
 from sapiens2.errors import RequestError
 from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.kinds import SEG
-from sapiens2.outputs.exports import write_cutout, write_segmentation
+from sapiens2.outputs.exports import (
+    SEGMENTATION_NPY,
+    SEGMENTATION_PNG,
+    write_alpha,
+    write_rgba,
+    write_segmentation_npy,
+    write_segmentation_png,
+)
 from sapiens2.outputs.pictures import (
     alpha_picture,
     cutout_on_checkerboard,
@@ -21,7 +29,7 @@ from sapiens2.outputs.pictures import (
     overlay_segmentation,
     segmentation_legend,
 )
-from sapiens2.outputs.results import TaskResult
+from sapiens2.outputs.results import Export, Options, Prediction, TaskResult
 from sapiens2.pipelines.common import INPUT, forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import Option
@@ -156,47 +164,73 @@ def _labels(context: PipelineContext, photos: Sequence[Photo]) -> None:
         photo.values["labels"] = labels
 
 
-def _exporter(rgb: np.ndarray, seg: np.ndarray, mask: np.ndarray):
-    def export(directory, stem):
-        return write_segmentation(directory, stem, seg) + write_cutout(
-            directory, stem, rgb, mask, MASK_SUFFIX, CUTOUT_SUFFIX
-        )
-
-    return export
-
-
 def _mask_line(options: dict, mask: np.ndarray) -> str:
     parts = ", ".join(options["parts"]) or "no parts"
     return f"Mask of {parts}: {float(mask.mean()) / 255:.0%} of the photo."
 
 
+@dataclass
+class SegmentationPrediction(Prediction):
+    """Class ids (H, W) uint8 at the photo's size (`labels`), the mask (H, W) uint8 0-255 of the parts the
+    options chose, and the model's class names and palette (`meta`)."""
+
+    labels: np.ndarray
+    mask: np.ndarray
+    meta: BodyPartMeta = field(repr=False)
+
+
 def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
     seg, meta, options = photo.values["labels"], class_meta(context), context.options
     mask = part_mask(seg, photo.values["part_ids"], options["grow"], options["feather"])
-    with photo.timings.measure("pictures"):
-        overlay = overlay_segmentation(photo.image.rgb, seg, meta.palette, options["opacity"])
-        legend = segmentation_legend(seg, meta)
-        pictures = [
-            ("Body parts", overlay),
-            ("Legend", legend),
-            ("Mask", alpha_picture(mask)),
-            ("Cut-out", cutout_on_checkerboard(photo.image.rgb, mask)),
-        ]
     present = int((label_counts(seg, len(meta.names))[1:] > 0).sum())
     found = f"{present} body-part classes found." if present else "No person pixels found."
     return TaskResult(
         task=context.task.name,
         model_id=context.model_name,
-        pictures=pictures,
-        prediction=seg,
-        exporter=_exporter(photo.image.rgb, seg, mask),
+        prediction=SegmentationPrediction(photo.image.rgb, context.model_name, seg, mask, meta),
+        options=dict(options),
         summary=f"{found} {_mask_line(options, mask)}",
     )
 
 
+def draw_overlay(prediction: SegmentationPrediction, options: Options) -> np.ndarray:
+    """The parts in their colours over the photo."""
+    palette = prediction.meta.palette
+    return overlay_segmentation(prediction.image, prediction.labels, palette, options["opacity"])
+
+
+def draw_legend(prediction: SegmentationPrediction, options: Options) -> np.ndarray:
+    """The colours of the parts found, with their names."""
+    return segmentation_legend(prediction.labels, prediction.meta)
+
+
+def draw_mask(prediction: SegmentationPrediction, options: Options) -> np.ndarray:
+    """The chosen parts' mask, white on black."""
+    return alpha_picture(prediction.mask)
+
+
+def draw_cutout(prediction: SegmentationPrediction, options: Options) -> np.ndarray:
+    """The photo cut out by the mask, on a checkerboard."""
+    return cutout_on_checkerboard(prediction.image, prediction.mask)
+
+
+EXPORTS: tuple[Export[SegmentationPrediction], ...] = (
+    Export(SEGMENTATION_PNG, lambda found, _, *place: write_segmentation_png(*place, found.labels)),
+    Export(SEGMENTATION_NPY, lambda found, _, *place: write_segmentation_npy(*place, found.labels)),
+    Export(
+        f"{MASK_SUFFIX}.png",
+        lambda found, _, *place: write_alpha(*place, MASK_SUFFIX, found.mask, found.image),
+    ),
+    Export(
+        f"{CUTOUT_SUFFIX}.png",
+        lambda found, _, *place: write_rgba(*place, CUTOUT_SUFFIX, found.image, found.mask),
+    ),
+)
+
+
 def columns(result: TaskResult) -> dict[str, np.ndarray]:
     """The photo's row in a table of results: pixels per class id."""
-    return {"class_pixels": np.bincount(result.prediction.ravel(), minlength=29).astype(np.int64)}
+    return {"class_pixels": np.bincount(result.prediction.labels.ravel(), minlength=29).astype(np.int64)}
 
 
 STEPS = (Step("parts", _parts), resize_step(), Step("labels", _labels, uses_model=True))

@@ -2,7 +2,8 @@
 
 Each step fills the photos' `values` for the next ones: CPU steps (preprocessing, crops) need no model;
 model steps (detection, forwards and the reductions that belong next to the model's outputs) run where
-the models live, on batches. `finish` turns one photo's values into its TaskResult on a CPU.
+the models live, on batches. `finish` turns one photo's values into its TaskResult (a typed prediction,
+plain data) on a CPU; pictures and files are drawn and written from it afterwards, when asked.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class Step:
 
 Finish = Callable[[PipelineContext, Photo], TaskResult]
 Given = Sequence[Mapping[str, Any] | None]  # per photo, the values it starts with (None: none)
+# (context, photos, first_step): runs the steps from `first_step` on where the models live, filling the
+# photos' values; given by the caller (the runtime's device runner).
+DeviceSteps = Callable[[PipelineContext, Sequence[Photo], int], None]
 
 
 @dataclass(frozen=True)
@@ -72,20 +76,24 @@ class Pipeline:
     finish: Finish
 
     def run(
-        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
+        self,
+        context: PipelineContext,
+        images: Sequence[LoadedImage],
+        given: Given | None = None,
+        on_device: DeviceSteps | None = None,
     ) -> list[TaskResult]:
         """One result per photo, in order: every step on the whole batch, then each photo finished.
         `given`: values each photo starts with (None: none), which the steps may use (pose's given boxes).
 
-        The steps before the first model step run here; the rest go to the device through the host
-        (`ModelHost.run_on_device`: in this process, or across `sapiens2.runtime.boundary`).
+        The steps before the first model step run here; the rest go to `on_device` (the caller's device
+        runner: in this process, or across `sapiens2.runtime.boundary`; None: here, as they are).
         """
         given = given or [None] * len(images)
         photos = [Photo(image, dict(values or {})) for image, values in zip(images, given, strict=True)]
         first = self.first_model_step
         self.run_steps(context, photos, 0, first)
         if first < len(self.steps):
-            context.host.run_on_device(context, photos, first)
+            (on_device or self.run_steps)(context, photos, first)
         context.stage("drawing the pictures")
         return [self.finished(context, photo) for photo in photos]
 
@@ -102,14 +110,12 @@ class Pipeline:
             step.apply(context, photos)
 
     def finished(self, context: PipelineContext, photo: Photo) -> TaskResult:
-        """The photo's result, carrying the timings of every step. The finish counts as decoding, except
-        the drawing it measures as "pictures" in the photo's timings."""
+        """The photo's result (its prediction, no pictures), carrying the timings of every step; the finish
+        counts as decoding."""
         post = Timings()
-        drawn_before = photo.timings.pictures
         with post.measure("decode"):
             result = self.finish(context, photo)
-        photo.seconds["finish"] = post.decode  # the whole finish, its drawing included
-        post.decode -= photo.timings.pictures - drawn_before  # the drawing is in the photo's timings already
+        photo.seconds["finish"] = post.decode
         result.timings = photo.timings + post
         return result
 

@@ -1,5 +1,8 @@
 """The one boundary between where photos are decoded and drawn and where the models run: plain data across.
 
+`run_device_work` is the one device runner: the plain app and the command line (in process), a ZeroGPU
+worker and a Ray model actor all run a batch's model steps through it.
+
 A task's pipeline runs its leading CPU steps where the photo was decoded, then hands the rest of its steps
 to the device side as a `DeviceWork`: the task's name, the checkpoint, the checked options, the photos with
 what those steps left (arrays and CPU tensors), a picklable progress reporter and the number of a
@@ -40,7 +43,8 @@ WATCH_SECONDS = 0.05  # how often a waiting caller copies its request's cancella
 
 @dataclass(frozen=True)
 class DeviceWork:
-    """What the device side is asked to do: steps `first_step`.. of `task`'s pipeline on `photos`."""
+    """What the device side is asked to do: steps `first_step` up to `stop` (None: the last) of `task`'s
+    pipeline on `photos`."""
 
     task: str
     repo_id: str
@@ -49,6 +53,7 @@ class DeviceWork:
     photos: list[Photo]
     progress: Progress | None = None
     ticket: int | None = None  # the shared cancellation flag to watch; None: the caller's own job
+    stop: int | None = None
 
     @property
     def count(self) -> int:
@@ -91,9 +96,11 @@ class DeviceHost(ModelHost, Protocol):
     def loads(self) -> int: ...
 
 
-def run_device_work(runtime: DeviceHost, work: DeviceWork) -> DeviceOutcome:
+def run_device_work(runtime: DeviceHost, work: DeviceWork, portable: bool = True) -> DeviceOutcome:
     """Run the work's steps with `runtime`'s models; every failure comes back as the outcome's error, so a
-    worker that runs this never dies of a bad photo and can serve the next call."""
+    worker that runs this never dies of a bad photo and can serve the next call. `portable`: the values
+    copied to the CPU and the error made picklable, for an outcome that crosses a process (in process the
+    values stay where the steps left them and the error is the one raised)."""
     start = time.perf_counter()
     loads_before = runtime.loads
     entry = get_task(work.task)
@@ -101,13 +108,14 @@ def run_device_work(runtime: DeviceHost, work: DeviceWork) -> DeviceOutcome:
     outcome = DeviceOutcome()
     try:
         with _cancellation(work.ticket):
-            entry.pipeline.run_steps(context, work.photos, work.first_step)
+            entry.pipeline.run_steps(context, work.photos, work.first_step, work.stop)
+        copied = detached if portable else dict
         outcome.photos = [
-            PhotoValues(detached(photo.values), photo.timings, dict(photo.seconds)) for photo in work.photos
+            PhotoValues(copied(photo.values), photo.timings, dict(photo.seconds)) for photo in work.photos
         ]
         outcome.notes = list(context.notes)
     except Exception as error:  # noqa: BLE001 - returned to the caller, who raises it
-        outcome.error = _portable(error)
+        outcome.error = _portable(error) if portable else error
     outcome.seconds = time.perf_counter() - start
     outcome.loads = runtime.loads - loads_before
     return outcome

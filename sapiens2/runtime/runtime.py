@@ -31,10 +31,11 @@ from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import Option
 from sapiens2.pipelines.steps import Photo
 from sapiens2.progress import Progress, within
-from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork
+from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork, run_device_work
 from sapiens2.runtime.cache import ModelCache, budget_from_env
 from sapiens2.runtime.jobs import check_cancelled
 from sapiens2.settings import Settings, current
+from sapiens2.tasks.outputs import draw_result
 from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
 from sapiens2.vision.detector import Detections, PersonDetector, YoloPersonDetector
 from sapiens2.vision.images import LoadedImage, load_image
@@ -154,19 +155,20 @@ class Runtime:
         return self._settings[repo_id]
 
     def run_on_device(self, context: PipelineContext, photos: Sequence[Photo], first_step: int) -> None:
-        """The pipeline's steps from `first_step` on: here, or across the device boundary when one is set,
-        as plain data (the photos already resized for the model on this side)."""
-        pipeline = get_task(context.task.name).pipeline
+        """The pipeline's steps from `first_step` on, through the one device runner (`run_device_work`): here,
+        or across the device boundary when one is set, as plain data (the photos already resized for the
+        model on this side)."""
+        task, options = context.task.name, dict(context.options)
+        work = DeviceWork(task, context.repo_id, options, first_step, list(photos), context.progress)
         if self.device_boundary is None:
             # The whole model side: detection, forwards and decoding may each meet an operation MPS lacks.
             with recording_cpu_fallbacks(self.device, self.cpu_fallbacks):
-                pipeline.run_steps(context, photos, first_step)
-            return
-        for photo in photos:
-            photo.image.model_rgb  # noqa: B018 - resized here, on the CPU, before the photo crosses
-        task, options = context.task.name, dict(context.options)
-        work = DeviceWork(task, context.repo_id, options, first_step, list(photos), context.progress)
-        self.device_boundary(work).applied_to(photos, context)
+                outcome = run_device_work(self, work, portable=False)
+        else:
+            for photo in photos:
+                photo.image.model_rgb  # noqa: B018 - resized here, on the CPU, before the photo crosses
+            outcome = self.device_boundary(work)
+        outcome.applied_to(photos, context)
 
     def prepare(self, repo_id: str, progress: Progress | None = None) -> None:
         """Make `repo_id` ready before a long job, so a missing or broken checkpoint fails first: loaded
@@ -224,6 +226,7 @@ class Runtime:
         model_name: str | None = None,
         progress: Progress | None = None,
         given: Mapping[str, Any] | None = None,
+        pictures: bool = True,
         **options: Any,
     ) -> TaskResult:
         """Run `task` on one photo (a LoadedImage or anything `load_image` reads)."""
@@ -236,6 +239,7 @@ class Runtime:
             model_name=model_name,
             progress=progress,
             given=given_all,
+            pictures=pictures,
             **options,
         )[0]
 
@@ -249,9 +253,11 @@ class Runtime:
         model_name: str | None = None,
         progress: Progress | None = None,
         given: Sequence[Mapping[str, Any] | None] | None = None,
+        pictures: bool = True,
         **options: Any,
     ) -> list[TaskResult]:
-        """Run `task` on several photos, batching them through the model.
+        """Run `task` on several photos, batching them through the model; `pictures`: draw each result's
+        pictures (else they are left to the caller, `sapiens2.tasks.draw_result`, or not drawn at all).
 
         `model` (a repo id, checkpoint folder or file) replaces the registry's checkpoint for `size`;
         `model_name` is what the results and their files call it (default: `model` itself).
@@ -268,12 +274,14 @@ class Runtime:
             progress,
             name=model_name if model else None,
         )
-        results = entry.run(context, loaded, given)
+        results = entry.run(context, loaded, given, self.run_on_device)
         for operation in sorted(self.cpu_fallbacks):
             context.note(cpu_fallback_note(operation))
         for image, result in zip(loaded, results, strict=True):
             result.notes = list(image.notes) + context.notes + result.notes
             result.device, result.dtype = self.device_label, self.dtype_label
+            if pictures:
+                draw_result(result)
         return results
 
     def run_all(

@@ -45,7 +45,16 @@ from sapiens2.serving.requests import (
 from sapiens2.serving.scratch import ScratchSpace
 from sapiens2.serving.streaming import streamed
 from sapiens2.serving.video_budget import FrameSpeeds, HoldTimer, budget_note
-from sapiens2.tasks import ALL_TASKS, TASKS, Task, get_task, video_options
+from sapiens2.tasks import (
+    ALL_TASKS,
+    TASKS,
+    Task,
+    draw_result,
+    export_result,
+    get_task,
+    video_options,
+    view_result,
+)
 from sapiens2.vision.images import load_image
 from sapiens2.vision.limits import Limits
 
@@ -87,8 +96,8 @@ def task_handler(
                 )
             stage(report, "writing files")
             folder = scratch.new_folder()
-            files = result.export(folder, stem)
-            view = result.viewer(folder, stem) if task.viewer_title and result.viewer else None
+            files = export_result(result, folder, stem)
+            view = view_result(result, folder, stem) if task.viewer_title else None
             outputs = picture_files(folder, stem, task, result)
             check_output(scratch, folder)
         outputs += [summary(result), result.timing_line(), [str(path) for path in files]]
@@ -138,7 +147,7 @@ def overview_handler(
                 shown.append(picture)
                 yield tile(gr.Image(picture, label=task.title, show_label=False))
             stage(page, "writing files")
-            files_out = [p for r in results for p in r.export(folder / r.task, stem)]
+            files_out = [p for r in results for p in export_result(r, folder / r.task, stem)]
             check_output(scratch, folder)
             files_out = [*bundle(scratch, folder, f"{stem}_all_tasks.zip", files_out), *files_out]
         lines = [f"{TASKS[r.task].title}: {summary(r) or 'done.'}" for r in results]
@@ -290,11 +299,14 @@ def live_handler(runtime: Runtime, slot: DeviceSlot, streams: StreamWatch) -> Ca
                 if not granted:  # the device is busy: this frame is dropped, the next one may run
                     return gr.skip(), gr.skip(), state
                 given = state.follower.given() if state.follower is not None else None
-                result = runtime.run(entry.name, frame, size=next(iter(entry.repos)), given=given)
+                result = runtime.run(
+                    entry.name, frame, size=next(iter(entry.repos)), given=given, pictures=False
+                )
             now = time.perf_counter()
             if state.follower is not None:  # frames are dropped while the device is busy: the real gap
                 gap = now - state.times[-1] if state.times else LIVE_FRAME_SECONDS
                 result = state.follower.follow(frame.rgb, result, gap)
+            draw_result(result, get_task(entry.name).picture_titles[:1])  # the one picture the page shows
         state.times = (state.times + [now])[-LIVE_WINDOW:]
         line = f"**{live_rate(state.times)}** · {entry.title} · {result.timing_line()}"
         return result.pictures[0][1], line, state

@@ -14,20 +14,33 @@ from sapiens2.models.kinds import MATTING, NORMAL, POINTMAP, POSE, PRETRAIN, SEG
 from sapiens2.pipelines.options import Option, shown
 
 if TYPE_CHECKING:
-    from sapiens2.outputs.results import FrameFollower, FrameLog, TaskResult
+    from pathlib import Path
+
+    import numpy as np
+
+    from sapiens2.outputs.results import (
+        Export,
+        FrameFollower,
+        FrameLog,
+        Options,
+        Prediction,
+        TaskResult,
+    )
     from sapiens2.pipelines.context import PipelineContext
-    from sapiens2.pipelines.steps import Given, Pipeline
+    from sapiens2.pipelines.steps import DeviceSteps, Given, Pipeline
     from sapiens2.vision.images import LoadedImage
 
 
 @dataclass(frozen=True)
 class Picture:
-    """A picture a task draws: its title, the file it is saved as (the photo's stem, `suffix`, ".png"), and
-    the export that already holds what it shows, if one does (then only that export is written); the
-    video's first picture is the task's first picture."""
+    """A picture a task draws: its title, the file it is saved as (the photo's stem, `suffix`, ".png"),
+    `draw(prediction, options)` giving it (uint8 RGB at the photo's size), and the export that already
+    holds what it shows, if one does (then only that export is written); the video's first picture is the
+    task's first picture."""
 
     title: str
     suffix: str
+    draw: Callable[[Prediction, Options], np.ndarray]
     same_as: str | None = None
     # For videos: also written as a video of its own, `{stem}{suffix}.webm` (pose: the ControlNet drawing).
     in_videos: bool = False
@@ -35,7 +48,8 @@ class Picture:
 
 @dataclass(frozen=True)
 class Task:
-    """One task: the kind of checkpoint it runs, its options, what it draws and what it exports."""
+    """One task: the kind of checkpoint it runs, its options, the pictures it draws and the files it may
+    write (`exports`, each naming its own file)."""
 
     name: str
     title: str
@@ -44,8 +58,8 @@ class Task:
     default_size: str
     options: tuple[Option, ...]
     pictures: tuple[Picture, ...]
-    # The files its exports may write, after the photo's stem: "_pose.json", "_points.ply", ...
-    export_suffixes: tuple[str, ...]
+    # The files it may write from a prediction: "_pose.json", "_points.ply", ..., each with its writer.
+    exports: tuple[Export, ...]
     pipeline: Pipeline
     in_overview: bool = True
     # Another model some options use: the body-part model masking normals and depth.
@@ -56,12 +70,11 @@ class Task:
     # For videos: options that only frames in order use, and what follows the frames (pose: tracking).
     video_options: tuple[Option, ...] = ()
     frame_follower: type[FrameFollower] | None = None
-    # The title of a 3-D view of each result (TaskResult.viewer writes its file), if the task has one.
+    # A 3-D view of each result: its title, and view(prediction, directory, stem) writing the file shown.
     viewer_title: str | None = None
+    view: Callable[[Prediction, Path, str], Path] | None = None
     # For tables of results (one row per photo): the prediction as named numbers and arrays.
     columns: Callable[[TaskResult], Mapping[str, Any]] | None = None
-    # Which of the export suffixes a run writes, from its checked options (None: all of them).
-    chosen_exports: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
 
     @property
     def repos(self) -> dict[str, str]:
@@ -73,16 +86,31 @@ class Task:
         return tuple(picture.title for picture in self.pictures)
 
     @property
+    def export_suffixes(self) -> tuple[str, ...]:
+        """The files its exports may write, after the photo's stem, as their writers name them."""
+        return tuple(export.suffix for export in self.exports)
+
+    @property
     def export_kinds(self) -> tuple[str, ...]:
         """File types of the exports: "json", "png", "npy", "ply", "glb"."""
-        return tuple(dict.fromkeys(suffix.rsplit(".", 1)[-1] for suffix in self.export_suffixes))
+        return tuple(dict.fromkeys(export.kind for export in self.exports))
 
-    def exports_for(self, values: Mapping[str, Any]) -> tuple[str, ...]:
-        """The export suffixes a run with the option `values` writes (given by name; options of other
-        tasks are left out, the missing ones take their defaults)."""
-        if self.chosen_exports is None:
-            return self.export_suffixes
-        return self.chosen_exports(self.own_options(values))
+    def chosen_exports(
+        self, values: Mapping[str, Any], kinds: Iterable[str] | None = None
+    ) -> tuple[Export, ...]:
+        """The exports a run with the option `values` writes (given by name; options of other tasks are left
+        out, the missing ones take their defaults), of the file types `kinds` (None: every type)."""
+        options = self.own_options(values)
+        kinds = None if kinds is None else set(kinds)
+        return tuple(
+            export
+            for export in self.exports
+            if export.wanted(options) and (kinds is None or export.kind in kinds)
+        )
+
+    def exports_for(self, values: Mapping[str, Any], kinds: Iterable[str] | None = None) -> tuple[str, ...]:
+        """The suffixes of `chosen_exports`."""
+        return tuple(export.suffix for export in self.chosen_exports(values, kinds))
 
     def own_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """This task's options from `values`, which may name other tasks' options too (left out) and hold
@@ -133,10 +161,15 @@ class Task:
         return (*self.options, *(option for option in self.video_options if option.name not in names))
 
     def run(
-        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
+        self,
+        context: PipelineContext,
+        images: Sequence[LoadedImage],
+        given: Given | None = None,
+        on_device: DeviceSteps | None = None,
     ) -> list[TaskResult]:
-        """One result per photo, in order; `given`: values each photo starts with (see Pipeline.run)."""
-        return self.pipeline.run(context, images, given)
+        """One result per photo, in order; `given`: values each photo starts with, `on_device`: the device
+        runner of the model steps (see Pipeline.run)."""
+        return self.pipeline.run(context, images, given, on_device)
 
     def helper_repo_id(self, repo_id: str) -> str | None:
         """The helper model paired with `repo_id` (same size, else the helper's smallest, as for a checkpoint
@@ -209,6 +242,7 @@ def _option(options: Sequence[Option], name: str) -> Option:
 
 
 def _build_registry() -> dict[str, Task]:
+    from sapiens2.outputs.exports import ALPHA, CUTOUT
     from sapiens2.pipelines import (
         depth,
         features,
@@ -230,10 +264,16 @@ def _build_registry() -> dict[str, Task]:
             "0.4b",
             pose.OPTIONS,
             (
-                Picture("Keypoints", "_pose"),
-                Picture("ControlNet pose", "_controlnet", same_as="_controlnet.png", in_videos=True),
+                Picture("Keypoints", "_pose", pose.draw_keypoints),
+                Picture(
+                    "ControlNet pose",
+                    pose.CONTROLNET_SUFFIX,
+                    pose.draw_controlnet,
+                    same_as=f"{pose.CONTROLNET_SUFFIX}.png",
+                    in_videos=True,
+                ),
             ),
-            ("_pose.json", "_coco17.json", "_wholebody.json", "_openpose.json", "_controlnet.png"),
+            pose.EXPORTS,
             pose.PIPELINE,
             frame_log=pose.FramePoses,
             # The keypoint files are written for every frame of a video too.
@@ -244,7 +284,6 @@ def _build_registry() -> dict[str, Task]:
             ),
             frame_follower=pose_tracking.PoseTracker,
             columns=pose.columns,
-            chosen_exports=pose.chosen_exports,
         ),
         Task(
             "segment",
@@ -254,12 +293,17 @@ def _build_registry() -> dict[str, Task]:
             "0.4b",
             segment.OPTIONS,
             (
-                Picture("Body parts", "_segmentation_overlay"),
-                Picture("Legend", "_segmentation_legend"),
-                Picture("Mask", "_parts_mask", same_as="_parts_mask.png"),
-                Picture("Cut-out", "_parts_cutout_on_checkerboard", same_as="_parts_cutout.png"),
+                Picture("Body parts", "_segmentation_overlay", segment.draw_overlay),
+                Picture("Legend", "_segmentation_legend", segment.draw_legend),
+                Picture("Mask", segment.MASK_SUFFIX, segment.draw_mask, same_as=f"{segment.MASK_SUFFIX}.png"),
+                Picture(
+                    "Cut-out",
+                    "_parts_cutout_on_checkerboard",
+                    segment.draw_cutout,
+                    same_as=f"{segment.CUTOUT_SUFFIX}.png",
+                ),
             ),
-            ("_segmentation.png", "_segmentation.npy", "_parts_mask.png", "_parts_cutout.png"),
+            segment.EXPORTS,
             segment.PIPELINE,
             columns=segment.columns,
         ),
@@ -270,8 +314,8 @@ def _build_registry() -> dict[str, Task]:
             NORMAL,
             "0.4b",
             (background,),
-            (Picture("Normals", "_normals"),),
-            ("_normals.npy", "_normals_16bit.png"),
+            (Picture("Normals", "_normals", normals.draw),),
+            normals.EXPORTS,
             normals.PIPELINE,
             helper=SEG,
             helper_option="remove_background",
@@ -283,12 +327,13 @@ def _build_registry() -> dict[str, Task]:
             POINTMAP,
             "0.4b",
             (background, *depth.OPTIONS),
-            (Picture("Depth", "_depth"),),
-            ("_depth.npy", "_depth_16bit.png", "_depth.json", "_points.ply", "_mesh.glb"),
+            (Picture("Depth", "_depth", depth.draw),),
+            depth.EXPORTS,
             depth.PIPELINE,
             helper=SEG,
             helper_option="remove_background",
             viewer_title="Mesh (a preview of at most 200,000 faces; the full mesh is in Downloads)",
+            view=depth.view,
         ),
         Task(
             "matting",
@@ -298,11 +343,13 @@ def _build_registry() -> dict[str, Task]:
             "1b",
             matting.OPTIONS,
             (
-                Picture("Alpha", "_alpha", same_as="_alpha.png"),
-                Picture("Cut-out", "_cutout_on_checkerboard", same_as="_cutout.png"),
-                Picture("Composite", "_composite", same_as="_composite.png"),
+                Picture("Alpha", ALPHA, matting.draw_alpha, same_as=f"{ALPHA}.png"),
+                Picture("Cut-out", "_cutout_on_checkerboard", matting.draw_cutout, same_as=f"{CUTOUT}.png"),
+                Picture(
+                    "Composite", matting.COMPOSITE, matting.draw_composite, same_as=f"{matting.COMPOSITE}.png"
+                ),
             ),
-            ("_alpha.png", "_cutout.png", "_composite.png"),
+            matting.EXPORTS,
             matting.PIPELINE,
         ),
         Task(
@@ -314,8 +361,8 @@ def _build_registry() -> dict[str, Task]:
             PRETRAIN,
             "0.1b",
             (),
-            (Picture("Features (PCA)", "_features_pca"),),
-            ("_cls.npy", "_patches.npy"),
+            (Picture("Features (PCA)", "_features_pca", features.draw),),
+            features.EXPORTS,
             features.PIPELINE,
             in_overview=False,
             columns=features.columns,

@@ -23,9 +23,11 @@ from sapiens2.batch.cluster.storage import Place, read_bytes, write_outputs
 from sapiens2.batch.cluster.tables import RECORD, failure, packed, unpacked
 from sapiens2.batch.plan import Plan
 from sapiens2.batch.report import TASK_ERRORS, reason
+from sapiens2.batch.retry import each_alone_on_failure
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.context import PipelineContext
-from sapiens2.pipelines.steps import Photo, Step, detached
+from sapiens2.pipelines.steps import Photo, Step
+from sapiens2.runtime.boundary import DeviceWork, run_device_work
 from sapiens2.runtime.runtime import Runtime
 from sapiens2.settings import Settings, install
 from sapiens2.tasks.registry import Task, get_task
@@ -58,6 +60,12 @@ class Job:
 
     def groups(self) -> list[tuple[bool, tuple[Step, ...]]]:
         return self.entry.pipeline.groups()
+
+    def step_range(self, group: int) -> tuple[int, int]:
+        """The indices of the group's first step and of the step after its last."""
+        groups = self.groups()
+        first = sum(len(steps) for _, steps in groups[:group])
+        return first, first + len(groups[group][1])
 
 
 @functools.cache
@@ -157,6 +165,7 @@ class ModelStage:
 
         self.job, self.steps = job, job.groups()[group][1]
         install(job.settings)
+        self.first, self.stop = job.step_range(group)
         self.runtime = Runtime(
             device=job.device,
             dtype=job.dtype,
@@ -167,38 +176,37 @@ class ModelStage:
         if self.runtime.device.type == "cpu":
             # Ray starts workers with one thread per reserved CPU; a model on CPUs uses the node's cores.
             torch.set_num_threads(len(os.sched_getaffinity(0)))
-        self.context = job.context(self.runtime)
         self.node = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        """The group's steps on the batch's photos; when the batch fails, each photo is tried alone, as
+        without --ray."""
         rows = _rows(batch)
         todo = [row for row in rows if not row.get("error")]
-        for row, outcome in zip(todo, self._run([row["photo"] for row in todo]), strict=True):
-            if isinstance(outcome, Photo):
-                row["photo"] = dataclasses.replace(outcome, values=detached(outcome.values))
-                row["nodes"] = [*(row.get("nodes") or []), self.node]
-            else:
+        outcomes = each_alone_on_failure(self._run, [row["photo"] for row in todo])
+        for row, outcome in zip(todo, outcomes, strict=True):
+            if isinstance(outcome, Exception):
                 _failed(row, self.steps[0].name, outcome)
+            else:
+                row["photo"] = outcome
+                row["nodes"] = [*(row.get("nodes") or []), self.node]
         return _frame(rows)
 
-    def _run(self, photos: list[Photo]) -> list[Photo | str]:
-        """The photos after the steps; when the batch fails, each photo is tried alone, as without --ray."""
-        if not photos:
-            return []
+    def _run(self, photos: list[Photo]) -> list[Photo]:
+        """The photos after the group's steps, run by the one device runner (their values on the CPU)."""
+        job = self.job
         attempt = [
             dataclasses.replace(photo, values=dict(photo.values), seconds=dict(photo.seconds))
             for photo in photos
         ]
-        try:
-            for step in self.steps:
-                step.apply(self.context, attempt)
-            return attempt
-        except TASK_ERRORS:
-            raise
-        except Exception as error:
-            if len(photos) == 1:
-                return [reason(error)]
-        return [outcome for photo in photos for outcome in self._run([photo])]
+        work = DeviceWork(job.task, job.repo_id, dict(job.options), self.first, attempt, stop=self.stop)
+        outcome = run_device_work(self.runtime, work)
+        if outcome.error is not None:
+            raise outcome.error
+        return [
+            dataclasses.replace(photo, values=part.values, timings=part.timings, seconds=part.seconds)
+            for photo, part in zip(attempt, outcome.photos, strict=True)
+        ]
 
 
 def finish_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:

@@ -167,7 +167,7 @@ def write_outputs(
 ) -> tuple[list[str], int]:
     """Write a photo's planned files as the command line does; returns the files written and those kept.
 
-    Local folders get the command line's own writer (staged, then renamed into place); elsewhere the files
+    Local folders get the command line's own writer (each file atomic, in place); elsewhere the files
     are written to a local folder first and copied up one by one, each target a single whole object.
     """
     if out.is_local:
