@@ -4,10 +4,12 @@ and the command line."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 from sapiens2.errors import ConfigError
+from sapiens2.models import kernels
 from sapiens2.models.device import DTYPES
 from sapiens2.models.hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
 from sapiens2.runtime.runtime import COMPILE_ENV, Runtime
@@ -48,8 +50,15 @@ def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGr
     )
 
 
+def kernel_choices_file() -> Path:
+    """Where the CPU kernel choices measured by the models are kept between runs: the user's cache folder
+    ($XDG_CACHE_HOME, else ~/.cache), sapiens2/kernel-choices.json."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sapiens2" / kernels.FILE_NAME
+
+
 def runtime_from_arguments(args: argparse.Namespace, **settings: Any) -> Runtime:
     """The Runtime the parsed flags ask for; ConfigError when a flag's value cannot be used."""
+    kernels.remember_in(kernel_choices_file())
     if args.checkpoint_dir is not None:
         use_checkpoint_dir(args.checkpoint_dir)
     try:  # checked now, not at the first pose request, so the operator reads it and the flag it came from
