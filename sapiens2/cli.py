@@ -308,6 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sapiens2.training.cli import main as train
 
         return train(argv[1:])
+    if argv[:1] == ["export"]:  # `sapiens2 export TASK --out FILE.onnx`: ONNX files, their own command
+        from sapiens2.export_cli import main as export
+
+        return export(argv[1:])
     for stream in (sys.stdout, sys.stderr):  # file names that are not UTF-8 print as \xNN, never crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
