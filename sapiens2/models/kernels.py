@@ -72,6 +72,12 @@ def remember_in(path: str | os.PathLike[str] | None) -> None:
         _choices.update(_read(_file))
 
 
+def choices() -> dict[str, str]:
+    """The choices known to this process: path by machine and work."""
+    with _lock:
+        return dict(_choices)
+
+
 def forget() -> None:
     """Forget the choices of this process (the file keeps its own)."""
     with _lock:

@@ -12,6 +12,7 @@ from sapiens2.errors import ConfigError
 from sapiens2.models import kernels
 from sapiens2.models.device import DTYPES
 from sapiens2.models.hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
+from sapiens2.runtime.onnx_backend import BACKENDS
 from sapiens2.runtime.runtime import COMPILE_ENV, Runtime
 from sapiens2.vision.detector import WEIGHTS_ENV, DetectorError, resolve_weights
 
@@ -36,6 +37,12 @@ def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGr
         default=None,
         help=f"run the models through torch.compile (default: ${COMPILE_ENV}=1); the first run of each "
         "input shape then takes tens of seconds to minutes longer while it compiles",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        help="what runs the models' forwards: torch (default) or onnxruntime (on the CPU, in fp32: each "
+        "model is exported to ONNX at its first photo, which takes seconds to a minute or more)",
     )
     parser.add_argument(
         "--checkpoint-dir",
@@ -67,5 +74,10 @@ def runtime_from_arguments(args: argparse.Namespace, **settings: Any) -> Runtime
         flag = "--detector" if args.detector is not None else f"${WEIGHTS_ENV}"
         raise ConfigError(f"{flag}: {error}.") from None
     return Runtime(
-        device=args.device, dtype=args.dtype, detector=args.detector, compile=args.compile, **settings
+        device=args.device,
+        dtype=args.dtype,
+        detector=args.detector,
+        compile=args.compile,
+        backend=args.backend,
+        **settings,
     )
