@@ -8,7 +8,7 @@ median of the ratios of back-to-back runs.
     python -m bench.bench_backend_cpu [--config small|0.4b] [--runs N] [--threads N] [--clock wall|cpu]
 
 Configs as in bench_forward_cpu: `small` is hidden 384, 8 blocks, batch 4, 256x192; `0.4b` the official
-0.4b backbone at batch 1, 1024x768.
+0.4b backbone at batch 1, 1024x768; `--hidden`, `--layers`, `--batch`, `--height`, `--width` override.
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="threads of both (default: torch's choice)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    for name in ("batch", "height", "width", "hidden", "layers"):
+        parser.add_argument(f"--{name}", type=int, help=f"overrides the config's {name}")
     args = parser.parse_args()
-    shape = CONFIGS[args.config]
+    shape = {key: getattr(args, key) or value for key, value in CONFIGS[args.config].items()}
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
