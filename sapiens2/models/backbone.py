@@ -20,6 +20,7 @@ from sapiens2.models.layers import (
     SwiGLU,
     augment_coordinates,
     gemm_choice,
+    gemm_choice_applies,
     patch_coordinates,
     rope_tables,
     rope_tables_at,
@@ -151,8 +152,9 @@ class VisionTransformer(nn.Module):
     def fastest_kernels(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> contextlib.AbstractContextManager:
         """Where the blocks' GEMMs run faster on this CPU for tokens like x: measured on the first and the
         middle block (full and grouped attention) at the first forward of each shape and precision."""
-        timed = {0, len(self.blocks) // 2}
-        blocks = [self.blocks[index] for index in sorted(timed)]
+        if not gemm_choice_applies(x):  # training, other devices, torch.compile: nothing to choose
+            return contextlib.nullcontext()
+        blocks = [self.blocks[index] for index in sorted({0, len(self.blocks) // 2})]
         shapes = ", ".join(
             f"{block.attn.num_heads}/{block.attn.num_kv_heads} heads, ffn {block.ffn.w3.in_features}"
             for block in blocks

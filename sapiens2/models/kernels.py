@@ -84,7 +84,7 @@ def forget() -> None:
         _choices.clear()
 
 
-def choose(key: str, candidates: Mapping[str, Callable[[], object]], clock=time.perf_counter) -> str:
+def choose(key: str, candidates: Mapping[str, Callable[[], object]], clock=time.process_time) -> str:
     """The fastest of `candidates` (path name: a run of the work on it) for `key` on this machine: measured
     on the first call, remembered after."""
     full_key = f"{machine_key()} | {key}"
@@ -99,9 +99,10 @@ def choose(key: str, candidates: Mapping[str, Callable[[], object]], clock=time.
     return chosen
 
 
-def fastest(candidates: Mapping[str, Callable[[], object]], repeats: int = 3, clock=time.perf_counter) -> str:
+def fastest(candidates: Mapping[str, Callable[[], object]], repeats: int = 3, clock=time.process_time) -> str:
     """The candidate whose fastest of `repeats` runs is fastest, after one untimed run of each (the first
-    call of a kernel sets it up); runs alternate, so a busy moment of the machine hits them alike."""
+    call of a kernel sets it up); runs alternate, so a busy moment of the machine hits them alike. The clock
+    is the process's CPU time: on a shared machine, wall time also counts the other processes' turns."""
     for name, run in candidates.items():
         with using(name):
             run()
