@@ -5,7 +5,7 @@ Runs alternate between the two so that load from other processes hits both alike
 median (and fastest run) of each, their ratio ours / reference, and the median of the ratios of
 back-to-back runs. `--profile` adds a torch.profiler table of one run of each.
 
-    python -m bench.bench_forward_cpu [--config small|0.4b] [--dtype fp32|bf16] [--runs N] [--profile]
+    python -m bench.bench_forward_cpu [--config small|0.4b] [--dtype fp32|bf16] [--runs N] [--gemm PATH]
 
 Configs: `small` is hidden 384, 8 blocks (GQA in the middle blocks, full attention at both ends), batch 4,
 256x192; `0.4b` is the official 0.4b backbone (hidden 1024, 24 blocks, 16 heads, 8 key/value heads in the
@@ -24,7 +24,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from sapiens2.models import layers, presets
+from sapiens2.models import kernels, presets
 from sapiens2.models.config import load_config
 from sapiens2.models.device import DTYPES, dtype_name
 from sapiens2.models.modeling import build_model
@@ -56,6 +56,22 @@ def reference_config(hidden: int, layers: int, height: int, width: int) -> trans
     )
 
 
+def cpu_flags() -> str:
+    """The CPU's model and the vector and matrix extensions it reports (what decides the kernels)."""
+    flags: list[str] = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    break
+    except OSError:
+        pass
+    wanted = [flag for flag in flags if flag.startswith(("avx", "amx")) or flag in ("fma", "f16c")]
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"{kernels.cpu_name()} [{' '.join(wanted)}], torch capability {capability}"
+
+
 def timed(model: torch.nn.Module, pixel_values: torch.Tensor, clock=time.perf_counter) -> float:
     start = clock()
     model(pixel_values)
@@ -83,7 +99,10 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also print an operator profile of each")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument(
-        "--without-onednn", action="store_true", help="ours with F.linear instead of oneDNN's fused GEMMs"
+        "--gemm",
+        choices=["measured", kernels.ATEN, kernels.ONEDNN],
+        default="measured",
+        help="ours: the GEMM path chosen by measurement (default), or one path forced",
     )
     parser.add_argument(
         "--clock",
@@ -99,8 +118,8 @@ def main() -> None:
     dtype = DTYPES[args.dtype]
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.without_onednn:
-        layers._ONEDNN_LINEAR = False
+    if args.gemm != "measured":
+        kernels.choose = lambda key, candidates, **kwargs: args.gemm
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as directory:
@@ -135,8 +154,10 @@ def main() -> None:
     print(
         f"\nhidden {shape['hidden']}, {shape['layers']} layers, batch {shape['batch']}, "
         f"{shape['height']}x{shape['width']}, {dtype_name(dtype)}, {torch.get_num_threads()} threads, "
-        f"{args.runs} runs, {args.clock} clock{', without oneDNN' if args.without_onednn else ''}, {versions}"
+        f"{args.runs} runs, {args.clock} clock, {versions}\n{cpu_flags()}"
     )
+    chosen = ", ".join(sorted(set(kernels.choices().values()))) or "none (no choice applies)"
+    print(f"our GEMM path: {chosen if args.gemm == 'measured' else args.gemm + ' (forced)'}")
     print(f"relative difference of last_hidden_state: {error:.2e}")
     print(f"reference (transformers): {reference_ms:.1f} ms (fastest run {fastest['reference']:.1f} ms)")
     print(f"ours:                     {ours_ms:.1f} ms (fastest run {fastest['ours']:.1f} ms)")

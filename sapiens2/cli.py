@@ -244,6 +244,8 @@ def _checked_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
             parser.error(f"{flag} is an option of {', '.join(owners)}, not of {', '.join(sorted(chosen))}")
     if not args.pictures and not args.exports:
         parser.error("nothing to write: --no-pictures with --exports none")
+    if args.ray is not None and args.backend == "onnxruntime":
+        parser.error("--backend onnxruntime runs the models in this process; the Ray model stages run torch")
     if args.ray is None and (args.actors or args.actor_resources):
         parser.error("--actors and --actor-resources size the model stages of --ray")
     if args.ray is None and "://" in args.out:
@@ -309,6 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sapiens2.training.cli import main as train
 
         return train(argv[1:])
+    if argv[:1] == ["export"]:  # `sapiens2 export TASK --out FILE.onnx`: ONNX files, their own command
+        from sapiens2.runtime.export_command import main as export
+
+        return export(argv[1:])
     for stream in (sys.stdout, sys.stderr):  # file names that are not UTF-8 print as \xNN, never crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")

@@ -251,6 +251,19 @@ class Settings:
     hf_home: str | None = _setting(
         "HF_HOME", None, TEXT, "the Hub's home folder", shown="~/.cache/huggingface"
     )
+    xdg_cache_home: str | None = _setting(
+        "XDG_CACHE_HOME",
+        None,
+        TEXT,
+        "the user's cache folder: sapiens2/kernel-choices.json keeps the CPU kernels measured fastest",
+        shown="~/.cache",
+    )
+    onednn_max_cpu_isa: str = _setting(
+        "ONEDNN_MAX_CPU_ISA",
+        "",
+        TEXT,
+        "oneDNN's instruction limit (read by oneDNN; the kernel choices note it)",
+    )
     detector_offline: bool = _setting("YOLO_OFFLINE", False, FLAG, "never download the person detector")
 
     @classmethod

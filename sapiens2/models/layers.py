@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from sapiens2.models import kernels
 
 # Activation modules by their config.json name (`hidden_act`).
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -18,11 +21,11 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 
 
-# PyTorch's oneDNN GEMM (the kernel it uses for fused linear layers) runs CPU inference faster than its
-# default path (MKL for float32) on the benchmark machine (AMD EPYC); docs/benchmarks.md has the figures. It
-# also applies an activation, or a product or sum with a same-shaped tensor, to the GEMM's output while it
-# is in cache, which saves a pass over memory. It has no autograd formula, so anything that records
-# gradients keeps F.linear.
+# PyTorch's oneDNN GEMM (the kernel it uses for fused linear layers) applies an activation, or a product or
+# sum with a same-shaped tensor, to the GEMM's output while it is in cache, which saves a pass over memory.
+# Whether it beats PyTorch's default path (MKL for float32) depends on the CPU: it won on AVX-512 machines and
+# lost on an AVX2 one, so each model's forward times both on its first call (`kernels`, `gemm_choice`). It
+# has no autograd formula, so anything that records gradients keeps F.linear.
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 # oneDNN has bf16 GEMMs only on CPUs with AVX-512 (it raises "could not create a primitive descriptor" on
 # others, e.g. AVX2-only ones), so bf16 there keeps PyTorch's own kernels.
@@ -35,8 +38,9 @@ _ONEDNN_DTYPES = (
 _ONEDNN_ACTIVATIONS = {nn.SiLU: "swish", nn.ReLU: "relu"}
 
 
-def _onednn(x: Tensor) -> bool:
-    """Whether `linear` and its variants run x through oneDNN (torch.compile chooses its own kernels)."""
+def gemm_choice_applies(x: Tensor) -> bool:
+    """Whether GEMMs on x may take either path (CPU inference in a precision oneDNN computes; torch.compile
+    and exporters choose their own kernels)."""
     return (
         _ONEDNN_LINEAR
         and x.device.type == "cpu"
@@ -44,6 +48,20 @@ def _onednn(x: Tensor) -> bool:
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
     )
+
+
+def _onednn(x: Tensor) -> bool:
+    """Whether `linear` and its variants run x through oneDNN: where it may and was not measured slower."""
+    return gemm_choice_applies(x) and kernels.active() != kernels.ATEN
+
+
+def gemm_choice(key: str, work: Callable[[], object], x: Tensor) -> str | None:
+    """The faster GEMM path for `work` on inputs like x (`key` says what else its speed depends on),
+    measured once per process (and per file of `kernels.remember_in`); None where there is no choice."""
+    if not gemm_choice_applies(x):
+        return None
+    key = f"{key} | {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+    return kernels.choose(key, {kernels.ATEN: work, kernels.ONEDNN: work})
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -248,6 +266,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate (B, heads, tokens, head_dim) queries or keys by the tables of `rope_tables`; the result is
     contiguous, the layout attention reads fastest."""
     half = x.shape[-1] // 2
+    if torch.onnx.is_in_onnx_export():  # the in-place halves below would be exported as scatters
+        return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
     out = _contiguous_product(x, cos)
     # rotate_half(x) * sin, one half at a time, with no copy of the rotated x.
     out[..., :half].addcmul_(x[..., half:], sin[..., :half])

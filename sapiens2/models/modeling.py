@@ -103,10 +103,11 @@ class Sapiens2Backbone(VisionTransformer):
             return_class_token = config.return_class_token
         x, rope, grid = self.embed(pixel_values)
         stages = {0: x} if 0 in config.out_indices else {}
-        for index in range(max(config.out_indices)):
-            x = self.run_block(index, x, rope)
-            if index + 1 in config.out_indices:
-                stages[index + 1] = x
+        with self.fastest_kernels(x, rope):
+            for index in range(max(config.out_indices)):
+                x = self.run_block(index, x, rope)
+                if index + 1 in config.out_indices:
+                    stages[index + 1] = x
         selected = [stages[i] for i in config.out_indices]
         if config.normalize_backbone_outputs:
             selected = [self.ln1(h) for h in selected]

@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from sapiens2.errors import ConfigError
+from sapiens2.models import kernels
 from sapiens2.models.device import DTYPES
 from sapiens2.models.hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
+from sapiens2.runtime.onnx_backend import BACKENDS
 from sapiens2.runtime.runtime import COMPILE_ENV, Runtime
+from sapiens2.settings import current
 from sapiens2.vision.detector import WEIGHTS_ENV, DetectorError, resolve_weights
 
 
@@ -36,6 +39,12 @@ def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGr
         "input shape then takes tens of seconds to minutes longer while it compiles",
     )
     parser.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        help="what runs the models' forwards: torch (default) or onnxruntime (on the CPU, in fp32: each "
+        "model is exported to ONNX at its first photo, which takes seconds to a minute or more)",
+    )
+    parser.add_argument(
         "--checkpoint-dir",
         type=Path,
         metavar="DIR",
@@ -49,8 +58,15 @@ def add_runtime_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGr
     )
 
 
+def kernel_choices_file() -> Path:
+    """Where the CPU kernel choices measured by the models are kept between runs: the user's cache folder
+    ($XDG_CACHE_HOME, else ~/.cache), sapiens2/kernel-choices.json."""
+    return Path(current().xdg_cache_home or Path.home() / ".cache") / "sapiens2" / kernels.FILE_NAME
+
+
 def runtime_from_arguments(args: argparse.Namespace, **settings: Any) -> Runtime:
     """The Runtime the parsed flags ask for; ConfigError when a flag's value cannot be used."""
+    kernels.remember_in(kernel_choices_file())
     if args.checkpoint_dir is not None:
         use_checkpoint_dir(args.checkpoint_dir)
     try:  # checked now, not at the first pose request, so the operator reads it and the flag it came from
@@ -59,5 +75,10 @@ def runtime_from_arguments(args: argparse.Namespace, **settings: Any) -> Runtime
         flag = "--detector" if args.detector is not None else f"${WEIGHTS_ENV}"
         raise ConfigError(f"{flag}: {error}.") from None
     return Runtime(
-        device=args.device, dtype=args.dtype, detector=args.detector, compile=args.compile, **settings
+        device=args.device,
+        dtype=args.dtype,
+        detector=args.detector,
+        compile=args.compile,
+        backend=args.backend,
+        **settings,
     )

@@ -34,6 +34,7 @@ from sapiens2.progress import Progress, within
 from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork, run_device_work
 from sapiens2.runtime.cache import ModelCache, budget_from_env
 from sapiens2.runtime.jobs import check_cancelled
+from sapiens2.runtime.onnx_backend import BACKENDS, ONNXRUNTIME, TORCH, load_onnxruntime, missing_onnxruntime
 from sapiens2.settings import Settings, current
 from sapiens2.tasks.outputs import draw_result
 from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
@@ -55,6 +56,22 @@ def load_compiled(repo_id: str, **kwargs: Any) -> nn.Module:
     return model
 
 
+def choose_backend(backend: str | None, device: torch.device, dtype: str | None) -> str:
+    """The backend that runs the forwards: `backend` when it can run on `device` in `dtype`, else "torch"."""
+    backend = backend or TORCH
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == ONNXRUNTIME:
+        if device.type != "cpu":
+            raise ConfigError(f"the ONNX Runtime backend runs on the CPU, not on {device.type}")
+        if dtype not in (None, "fp32", "float32"):
+            raise ConfigError(f"the ONNX Runtime backend runs in fp32, not {dtype}")
+        missing = missing_onnxruntime()
+        if missing is not None:
+            raise ConfigError(f"the ONNX Runtime backend needs {missing}")
+    return backend
+
+
 class Runtime:
     """Runs tasks by name on photos; models are loaded once and shared by every task and caller."""
 
@@ -68,18 +85,25 @@ class Runtime:
         batch_size: int = DEFAULT_BATCH_SIZE,
         compile: bool | None = None,
         setup: Settings | None = None,
+        backend: str | None = None,
     ):
         """`compile` (default: SAPIENS2_COMPILE) runs every model through torch.compile; `setup`: the settings
-        the arguments left unsaid come from (the settings in force when None)."""
+        the arguments left unsaid come from (the settings in force when None); `backend` "onnxruntime" runs
+        the forwards in ONNX Runtime on the CPU, in float32 (default "torch")."""
         self.setup = setup or current()
         self.device = resolve_device(device or self.setup.device)
-        self.dtype, self.dtype_reason = choose_dtype(dtype, self.device, self.setup.dtype)
+        self.backend = choose_backend(backend, self.device, dtype)
+        if self.backend == ONNXRUNTIME:
+            self.dtype, self.dtype_reason = torch.float32, "ONNX Runtime runs the exported float32 model"
+        else:
+            self.dtype, self.dtype_reason = choose_dtype(dtype, self.device, self.setup.dtype)
         self.compiled = self.setup.compile if compile is None else compile
         if batch_size < 1:
             raise ConfigError(f"batch size must be at least 1, got {batch_size}")
         self.batch_size = batch_size
+        loader = load_compiled if self.compiled else hub.from_pretrained
         self.cache = cache or ModelCache(
-            load_compiled if self.compiled else hub.from_pretrained,
+            load_onnxruntime if self.backend == ONNXRUNTIME else loader,
             device=self.device,
             dtype=self.dtype,
             budget_bytes=budget_from_env(self.device, self.setup),
