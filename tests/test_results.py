@@ -153,7 +153,8 @@ def test_pose_writes_the_keypoint_files_its_options_choose(tmp_path):
     prediction = _pose(np.random.default_rng(4))
     files = export("pose", prediction, None, tmp_path, "photo", {"keypoint_format": ["coco17", "openpose"]})
     names = sorted(path.name for path in files)
-    assert names == ["photo_coco17.json", "photo_controlnet.png", "photo_openpose.json"]
+    # The formats chosen come beside the native _pose.json, never instead of it.
+    assert names == ["photo_coco17.json", "photo_controlnet.png", "photo_openpose.json", "photo_pose.json"]
 
 
 def test_the_file_names_and_kinds_come_from_the_exports():
