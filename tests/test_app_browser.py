@@ -293,7 +293,7 @@ def test_the_first_run_error_keeps_its_instructions_on_the_page(page, tmp_path, 
     toast.wait_for(timeout=RESULT_TIMEOUT_MS)
     text = " ".join(toast.inner_text().split())
     repo = "facebook/sapiens2-pose-1b"
-    assert f"hf download {repo} --local-dir checkpoints/{repo}" in text
+    assert f"hf download {repo} --include config.json" in text
     assert "--checkpoint-dir checkpoints (or SAPIENS2_CHECKPOINT_DIR=checkpoints)" in text
     assert text.endswith("and HF_HUB_OFFLINE=1.")
     assert str(tmp_path) not in text
