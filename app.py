@@ -91,8 +91,10 @@ CSS = """
    it is tinted (white shows as light indigo, rgb(166, 181, 255); black stays black) and outlined; its file
    stays grey. */
 /* File names at phone width: the whole name, wrapped, rather than "astronaut… .json". */
+.studio-downloads tr.file, .studio-downloads td.filename { height: auto; }
 .studio-downloads td.filename, .studio-downloads td.filename .stem {
   white-space: normal; overflow: visible; text-overflow: clip; overflow-wrap: anywhere; }
+.studio-downloads td.filename .stem, .studio-downloads td.filename .ext { display: inline; }
 /* A colour picker turned off (a background picture replaces the colour) looks off. */
 .gradio-container button.dialog-button:disabled { opacity: 0.3; cursor: not-allowed; }
 .studio-matte img { filter: brightness(0.6) sepia(1) hue-rotate(195deg) saturate(2.25);

@@ -266,7 +266,7 @@ def test_offline_with_nothing_cached_names_the_repo_and_the_folder_then_serves_a
             client.predict(photo, size="1b", api_name="/pose")
     message = str(caught.value)
     assert message.startswith(f"The model {repo} is not on this server, and the server cannot download it.")
-    assert f"hf download {repo} --local-dir checkpoints/{repo}" in message, "what whoever runs it can do"
+    assert f"hf download {repo} --include config.json" in message, "what whoever runs it can do"
     assert str(tmp_path) not in message and "empty" not in message, "nothing about this server's folders"
     assert "Traceback" not in message
     assert repo not in server.runtime.cache

@@ -293,7 +293,7 @@ def test_the_first_run_error_keeps_its_instructions_on_the_page(page, tmp_path, 
     toast.wait_for(timeout=RESULT_TIMEOUT_MS)
     text = " ".join(toast.inner_text().split())
     repo = "facebook/sapiens2-pose-1b"
-    assert f"hf download {repo} --local-dir checkpoints/{repo}" in text
+    assert f"hf download {repo} --include config.json" in text
     assert "--checkpoint-dir checkpoints (or SAPIENS2_CHECKPOINT_DIR=checkpoints)" in text
     assert text.endswith("and HF_HUB_OFFLINE=1.")
     assert str(tmp_path) not in text
@@ -374,6 +374,10 @@ def test_on_a_phone_every_tab_is_in_sight_and_the_result_comes_into_view(browser
         name = rows.nth(index).get_attribute("aria-label")
         stem = rows.nth(index).locator(".stem")
         assert stem.evaluate("node => node.scrollWidth <= node.clientWidth + 1"), f"{name} is cut short"
+        cell, text = rows.nth(index).bounding_box(), stem.bounding_box()
+        bottom = cell["y"] + cell["height"] + 1
+        assert text["y"] >= cell["y"] - 1 and text["y"] + text["height"] <= bottom, f"{name} is cut"
+        assert rows.nth(index).evaluate("node => node.scrollHeight <= node.clientHeight + 1"), name
         assert rows.nth(index).inner_text().replace(" ", "").replace("\n", "") == name
     context.close()
 

@@ -40,8 +40,9 @@ def test_the_camera_sentence_keeps_real_negative_values():
 )
 def test_the_missing_model_hint_downloads_one_copy_of_the_weights(repo_id, weights):
     hint = offline_instructions(repo_id)
-    patterns = f'--include "*.json" --include {weights}'
+    patterns = f"--include config.json --include preprocessor_config.json --include {weights}"
     assert f"hf download {repo_id} {patterns} --local-dir checkpoints/{repo_id}" in hint
+    assert not set(hint) & set("<>*`[]"), "plain text: nothing that HTML or Markdown would swallow"
 
 
 def test_the_normals_hint_reads_the_16_bit_png_as_written(tmp_path):

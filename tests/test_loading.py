@@ -552,7 +552,7 @@ def test_offline_with_nothing_cached_says_how_to_provide_the_files(empty_hf_home
         sapiens2.from_pretrained(REPO, device="cpu")
     message = str(error.value)
     assert message.startswith(f"{REPO}: config.json is not on this machine, and HF_HUB_OFFLINE=1 forbids")
-    assert f"hf download {REPO} --local-dir checkpoints/{REPO}" in message
+    assert f"hf download {REPO} --include config.json" in message
     assert "--checkpoint-dir checkpoints (or SAPIENS2_CHECKPOINT_DIR=checkpoints)" in message
     assert not set(message) & set("<>*`[]"), "plain text: nothing that HTML or Markdown would swallow"
     assert sapiens2.checkpoint_download_size(REPO) is None

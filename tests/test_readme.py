@@ -111,3 +111,16 @@ def test_the_readme_python_example_runs_as_written(tiny_mirror, person_yolo, tmp
 def test_the_docs_say_keypoint_formats_come_beside_the_native_file(page):
     text = (ROOT / "docs" / page).read_text(encoding="utf-8")
     assert "_pose.json" in text and "always" in text
+
+
+def test_the_docs_python_snippets_name_only_what_a_task_result_has():
+    from dataclasses import fields
+
+    from sapiens2.outputs.results import TaskResult
+
+    has = {field.name for field in fields(TaskResult)} | {name for name in dir(TaskResult) if name[0] != "_"}
+    for page in [README, *(ROOT / "docs").glob("*.md")]:
+        for block in fenced_blocks(page.read_text(encoding="utf-8"), "python"):
+            for named in re.findall(r"# a TaskResult: ([^\n]*)", block):
+                attributes = re.findall(r"\.(\w+)", named)
+                assert attributes and set(attributes) <= has, (page.name, named)

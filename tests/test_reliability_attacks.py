@@ -491,7 +491,7 @@ def test_checkpoint_problems_never_show_server_paths_on_the_web(server, client, 
         assert not any(folder in text for folder in SERVER_FOLDERS)
     assert "The details were logged on the server" in message
     # What whoever runs the server can do names no folder or setting of this server, only the generic steps.
-    assert f"hf download {repo} --local-dir checkpoints/{repo}" in missing
+    assert f"hf download {repo} --include config.json" in missing
     still_serving(client)
 
 

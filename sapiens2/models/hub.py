@@ -269,11 +269,13 @@ def offline_instructions(repo_id: str) -> str:
     # backbone's, which transformers does not know: it holds its original file alone.
     original = presets.original_file_name(repo_id)
     variant = original is not None and presets.parse_checkpoint_name(original)[0] in presets.VARIANTS
-    weights = f"--include {original if variant else WEIGHTS_NAME}"
+    # Named one by one: a glob's star would be taken for Markdown emphasis on the page.
+    files = (CONFIG_NAME, PROCESSOR_CONFIG_NAME, original if variant else WEIGHTS_NAME)
+    weights = " ".join(f"--include {name}" for name in files)
     return (
         f"To run without the Hub, download it on a machine with internet access (hf download {repo_id} "
-        f'--include "*.json" {weights} --local-dir checkpoints/{repo_id}: the include patterns skip the '
-        f"second copy of the weights the repo holds), copy the checkpoints folder here and start with "
+        f"{weights} --local-dir checkpoints/{repo_id}: the includes skip the second copy of the weights "
+        f"the repo holds), copy the checkpoints folder here and start with "
         f"--checkpoint-dir checkpoints (or {CHECKPOINT_DIR_ENV}=checkpoints) and HF_HUB_OFFLINE=1."
     )
 
