@@ -25,7 +25,8 @@ from motion_scene import FPS, FRAMES, HEIGHT, WIDTH, actors, project, render, vi
 from sapiens2.batch.video import VideoJob, process_video
 from sapiens2.data.metadata import keypoints308
 from sapiens2.outputs.results import TaskResult
-from sapiens2.pipelines.pose import PosePrediction, pose_result
+from sapiens2.pipelines.depth import DepthPrediction
+from sapiens2.pipelines.pose import PosePrediction
 from sapiens2.tasks.registry import get_task
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.pose_decoding import Person
@@ -69,7 +70,9 @@ class StandInRuntime:
     def prepare(self, repo_id: str, progress=None) -> None:
         self.prepared.append(repo_id)
 
-    def run_batch(self, task, images, *, size=None, model=None, progress=None, given=None, **options):
+    def run_batch(
+        self, task, images, *, size=None, model=None, progress=None, given=None, pictures=True, **options
+    ):
         entry = get_task(task)
         options = entry.coerce_options(options)
         results = []
@@ -77,9 +80,10 @@ class StandInRuntime:
             t = self.calls[task]
             self.calls[task] += 1
             if task == "depth":
-                results.append(
-                    TaskResult("depth", "stand-in", [("Depth", rgb)], self.scene.pointmaps[t], None)
-                )
+                pointmap = self.scene.pointmaps[t]
+                foreground = np.ones(pointmap.shape[:2], dtype=bool)
+                prediction = DepthPrediction(rgb, "stand-in", pointmap, foreground, None, 1.0, 1)
+                results.append(TaskResult("depth", "stand-in", prediction, options))
             else:
                 boxes = None if given is None or given[number] is None else given[number]["given_boxes"]
                 results.append(self._pose(t, rgb, boxes, options))
@@ -108,8 +112,8 @@ class StandInRuntime:
             persons = [persons[p] for p in best]
         boxes = np.array([p.box for p in persons], np.float32)
         found = Detections(boxes, np.full(len(persons), 0.9, np.float32), found=len(persons))
-        prediction = PosePrediction(persons, found, NAMES, (HEIGHT, WIDTH), keypoints308())
-        return pose_result("pose", "stand-in", rgb, prediction, options)
+        prediction = PosePrediction(rgb, "stand-in", persons, found, NAMES, keypoints308())
+        return TaskResult("pose", "stand-in", prediction, options, persons=len(prediction.detected))
 
 
 def _write_video(path, pointmaps) -> None:
