@@ -105,6 +105,7 @@ class DataDependent(torch.nn.Module):
     def __init__(self, attention: torch.nn.Module):
         super().__init__()
         self.inner = attention
+        self.num_heads, self.num_kv_heads = attention.num_heads, attention.num_kv_heads  # its shape, as read
 
     def forward(self, x, rope, residual=None):
         out = self.inner(x, rope, residual=residual)

@@ -487,8 +487,9 @@ def test_checkpoint_problems_never_show_server_paths_on_the_web(server, client, 
         (broken / repo / "config.json").unlink()
         missing = refused(client, handle_file(str(GOOD_PHOTO)), "/segment")
     for text in (message, missing):
-        assert str(broken) not in text and "config.json" not in text
+        assert str(broken) not in text
         assert not any(folder in text for folder in SERVER_FOLDERS)
+    assert "config.json" not in message  # which of the server's files is broken stays in its log
     assert "The details were logged on the server" in message
     # What whoever runs the server can do names no folder or setting of this server, only the generic steps.
     assert f"hf download {repo} --include config.json" in missing

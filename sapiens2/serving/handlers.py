@@ -86,7 +86,7 @@ def task_handler(
         path, stem = upload(image)
         options = {name: option_value(value) for name, value in zip(names, values, strict=True)}
         report = StagedProgress(progress) if progress is not None else None
-        with user_errors():
+        with user_errors(), scratch.request_folder() as folder:
             model = local.get(size) if isinstance(size, str) else None
             name, size = (size, None) if model else (None, size)
             photo = load_image(path)  # decoded before the device is taken, so a slow file holds no one up
@@ -95,7 +95,6 @@ def task_handler(
                     task.name, photo, size=size, model=model, model_name=name, progress=report, **options
                 )
             stage(report, "writing files")
-            folder = scratch.new_folder()
             files = export_result(result, folder, stem)
             view = view_result(result, folder, stem) if task.viewer_title else None
             outputs = picture_files(folder, stem, task, result)
@@ -122,9 +121,8 @@ def overview_handler(
         path, stem = upload(image)
         page = reporter(progress)
         count = len(ALL_TASKS)
-        with user_errors():
+        with user_errors(), scratch.request_folder() as folder:
             photo = load_image(path)  # decoded before the device is taken
-            folder = scratch.new_folder()
             yield [*(tile_status(WAITING_TILE) for _ in ALL_TASKS), "", "", None]
             results, shown = [], []
             for index, task in enumerate(TASKS[name] for name in ALL_TASKS):
@@ -197,12 +195,11 @@ def video_handler(
         path, _ = upload(video)
         if not path:
             raise gr.Error("Please upload a video clip first.", print_exception=False)
-        with user_errors():
+        with user_errors(), scratch.request_folder() as folder:
             entry = get_task(task)
             own = {option.name for option in entry.video_options}
             options = {name: value for name, value in zip(names, values, strict=True) if name in own}
             limits = Limits.of()
-            folder = scratch.new_folder()
             job = VideoJob(
                 entry.name,
                 path,

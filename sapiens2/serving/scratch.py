@@ -11,12 +11,15 @@ the disk the others' answers need.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,17 @@ class ScratchSpace:
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
+    @contextlib.contextmanager
+    def request_folder(self) -> Iterator[Path]:
+        """A new folder for one request's files, deleted when the request fails (or its page goes away)
+        before its answer is handed over."""
+        folder = self.new_folder()
+        try:
+            yield folder
+        except BaseException:
+            self.discard(folder)
+            raise
+
     def new_folder(self) -> Path:
         """A new empty folder; the oldest folders beyond `keep` are deleted first. The root is made again
         when something (a temporary-file cleaner) deleted it."""
@@ -103,11 +117,12 @@ class ScratchSpace:
     def folder_bytes(folder: Path) -> int:
         """Bytes of every file under `folder` (0 when it is gone)."""
         total = 0
-        for path in Path(folder).rglob("*"):
-            try:
-                total += path.lstat().st_size if path.is_file() else 0
-            except OSError:  # deleted meanwhile
-                pass
+        # os.walk skips a folder another request deletes while it is read (rglob raises there).
+        for parent, _, names in os.walk(folder):
+            for name in names:
+                with contextlib.suppress(OSError):  # deleted meanwhile
+                    status = os.lstat(os.path.join(parent, name))
+                    total += status.st_size if stat.S_ISREG(status.st_mode) else 0
         return total
 
     def discard(self, folder: Path) -> None:
