@@ -6,6 +6,7 @@ while talking to it over HTTP like any client.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import gradio as gr
 import gradio_client
+import httpx
 import pytest
 
 import app
@@ -166,3 +168,16 @@ def wait_until_idle(demo: gr.Blocks, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while any(job is not None for job in demo._queue.active_jobs) and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def first_stream_answer(url: str, session: str, timeout: float = 120) -> dict:
+    """A stream's first answer (a frame's outputs, or its end with an error) as a page reads it from
+    Gradio's queue; then the page goes away."""
+    params = {"session_hash": session}
+    with httpx.stream("GET", f"{url}gradio_api/queue/data", params=params, timeout=timeout) as answer:
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                message = json.loads(line[len("data: ") :])
+                if message.get("msg") in ("process_streaming", "process_completed"):
+                    return message
+    raise AssertionError("the stream ended without an answer")

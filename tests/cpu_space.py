@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from app_server import ASSETS, Client, free_port
+from app_server import ASSETS, Client, first_stream_answer, free_port
 from bad_videos import write_video
 from gradio_client import handle_file
 from PIL import Image
@@ -155,19 +155,8 @@ class CgroupApp:
             session = uuid.uuid4().hex
             body = {"data": [payload, "pose", []], "fn_index": index, "session_hash": session}
             httpx.post(f"{self.url}gradio_api/queue/join", json=body, timeout=30).raise_for_status()
-            answers.append(_first_answer(self.url, session))
+            answers.append(first_stream_answer(self.url, session, timeout=1800))
         return answers
-
-
-def _first_answer(url: str, session: str) -> dict:
-    params = {"session_hash": session}
-    with httpx.stream("GET", f"{url}gradio_api/queue/data", params=params, timeout=1800) as answer:
-        for line in answer.iter_lines():
-            if line.startswith("data: "):
-                message = json.loads(line[len("data: ") :])
-                if message.get("msg") in ("process_streaming", "process_completed"):
-                    return message
-    raise AssertionError("the stream ended without an answer")
 
 
 def twelve_megapixel_photo(folder: Path) -> Path:

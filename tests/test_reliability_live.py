@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import struct
 import uuid
 import zlib
 
 import httpx
 import pytest
-from app_server import environment, running_app, tiny_detector
+from app_server import environment, first_stream_answer, running_app, tiny_detector
 from PIL import Image
 from test_reliability_attacks import (
     GOOD_PHOTO,
@@ -63,14 +62,7 @@ def join(server, session: str, payload: dict) -> httpx.Response:
 
 def first_answer(server, session: str) -> dict:
     """The stream's first answer (a frame's outputs, or its end with an error), then the page goes away."""
-    params = {"session_hash": session}
-    with httpx.stream("GET", f"{server.url}gradio_api/queue/data", params=params, timeout=120) as answer:
-        for line in answer.iter_lines():
-            if line.startswith("data: "):
-                message = json.loads(line[len("data: ") :])
-                if message.get("msg") in ("process_streaming", "process_completed"):
-                    return message
-    raise AssertionError("the stream ended without an answer")
+    return first_stream_answer(server.url, session)
 
 
 def frame_refusal(server, payload: dict) -> str:
