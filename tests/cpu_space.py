@@ -97,6 +97,10 @@ class CgroupApp:
             **extra_env,
         )
         environment.pop("SAPIENS2_CACHE_GB", None)  # the default budget is what is checked
+        # Importing ultralytics in this test process set OMP_NUM_THREADS=1 (it does when the variable is
+        # unset); a Space's `python app.py` imports torch first and runs its forwards on every core.
+        if environment.get("OMP_NUM_THREADS") == "1":
+            environment.pop("OMP_NUM_THREADS")
         procs = str(group / "cgroup.procs")
 
         def enter_group() -> None:
