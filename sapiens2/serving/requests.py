@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import gradio as gr
 from gradio.utils import get_upload_folder, is_in_or_equal
 
-from sapiens2.errors import DeviceTimeError, LimitError, OutOfSpaceError
+from sapiens2.errors import DeviceTimeError
 from sapiens2.progress import Progress
 from sapiens2.runtime.jobs import Cancelled, Job, current_job, running
 from sapiens2.runtime.messages import describe_error, is_expected
@@ -148,17 +148,14 @@ def user_errors() -> Iterator[None]:
 
 
 def check_output(scratch: ScratchSpace, folder: Path) -> None:
-    """Refuse (and delete) a request's files when they take more than the output limit, more than the
-    disk Gradio copies them to has free, or more than the client's share of answers; else hand them over
-    (the folder goes once Gradio has its copy)."""
+    """Refuse a request's files when they take more than the output limit, more than the disk Gradio
+    copies them to has free, or more than the client's share of answers (the folder, taken with
+    `ScratchSpace.request_folder`, goes with the refusal); else hand them over (the folder goes once Gradio
+    has its copy)."""
     size = scratch.folder_bytes(folder)
-    try:
-        Limits.of().check_output(size)
-        check_room(size)
-        scratch.hand_over(folder, _client(scratch.trusted_proxies))
-    except (LimitError, OutOfSpaceError):
-        scratch.discard(folder)
-        raise
+    Limits.of().check_output(size)
+    check_room(size)
+    scratch.hand_over(folder, _client(scratch.trusted_proxies))
 
 
 @contextmanager
