@@ -63,37 +63,37 @@ class Step:
 
 Finish = Callable[[PipelineContext, Photo], TaskResult]
 Given = Sequence[Mapping[str, Any] | None]  # per photo, the values it starts with (None: none)
-# (context, photos, first_step): runs the steps from `first_step` on where the models live, filling the
-# photos' values; given by the caller (the runtime's device runner).
-DeviceSteps = Callable[[PipelineContext, Sequence[Photo], int], None]
 
 
 @dataclass(frozen=True)
 class Pipeline:
-    """A task's steps and its finish: run whole by `run`, or step by step by `sapiens2.batch.cluster`."""
+    """A task's steps and its finish: run whole by `run`, in three parts by a runner whose model steps run
+    elsewhere (`started`, then the steps from `first_model_step` on, then `finished_all`), or step by step
+    by `sapiens2.batch.cluster`."""
 
     steps: tuple[Step, ...]
     finish: Finish
 
     def run(
-        self,
-        context: PipelineContext,
-        images: Sequence[LoadedImage],
-        given: Given | None = None,
-        on_device: DeviceSteps | None = None,
+        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
     ) -> list[TaskResult]:
-        """One result per photo, in order: every step on the whole batch, then each photo finished.
-        `given`: values each photo starts with (None: none), which the steps may use (pose's given boxes).
+        """One result per photo, in order: every step on the whole batch, here, then each photo finished."""
+        photos = self.started(context, images, given)
+        self.run_steps(context, photos, self.first_model_step)
+        return self.finished_all(context, photos)
 
-        The steps before the first model step run here; the rest go to `on_device` (the caller's device
-        runner: in this process, or across `sapiens2.runtime.boundary`; None: here, as they are).
-        """
+    def started(
+        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
+    ) -> list[Photo]:
+        """The photos after the steps before the first model step. `given`: values each photo starts with
+        (None: none), which the steps may use (pose's given boxes)."""
         given = given or [None] * len(images)
         photos = [Photo(image, dict(values or {})) for image, values in zip(images, given, strict=True)]
-        first = self.first_model_step
-        self.run_steps(context, photos, 0, first)
-        if first < len(self.steps):
-            (on_device or self.run_steps)(context, photos, first)
+        self.run_steps(context, photos, 0, self.first_model_step)
+        return photos
+
+    def finished_all(self, context: PipelineContext, photos: Sequence[Photo]) -> list[TaskResult]:
+        """Each photo's result, in order, once every step has run."""
         context.stage("drawing the pictures")
         return [self.finished(context, photo) for photo in photos]
 

@@ -11,8 +11,9 @@ from sapiens2.errors import ConfigError
 from sapiens2.models import kernels
 from sapiens2.models.device import DTYPES
 from sapiens2.models.hub import CHECKPOINT_DIR_ENV, use_checkpoint_dir
+from sapiens2.runtime.host import COMPILE_ENV
 from sapiens2.runtime.onnx_backend import BACKENDS
-from sapiens2.runtime.runtime import COMPILE_ENV, Runtime
+from sapiens2.runtime.runtime import Runtime
 from sapiens2.settings import current
 from sapiens2.vision.detector import WEIGHTS_ENV, DetectorError, resolve_weights
 

@@ -90,21 +90,21 @@ class DeviceOutcome:
 
 
 class DeviceHost(ModelHost, Protocol):
-    """What runs device work: the pipelines' host (`sapiens2.runtime.Runtime`), counting its model loads."""
+    """What runs device work: the pipelines' host (`sapiens2.runtime.Host`), counting its model loads."""
 
     @property
     def loads(self) -> int: ...
 
 
-def run_device_work(runtime: DeviceHost, work: DeviceWork, portable: bool = True) -> DeviceOutcome:
-    """Run the work's steps with `runtime`'s models; every failure comes back as the outcome's error, so a
+def run_device_work(host: DeviceHost, work: DeviceWork, portable: bool = True) -> DeviceOutcome:
+    """Run the work's steps with `host`'s models; every failure comes back as the outcome's error, so a
     worker that runs this never dies of a bad photo and can serve the next call. `portable`: the values
     copied to the CPU and the error made picklable, for an outcome that crosses a process (in process the
     values stay where the steps left them and the error is the one raised)."""
     start = time.perf_counter()
-    loads_before = runtime.loads
+    loads_before = host.loads
     entry = get_task(work.task)
-    context = PipelineContext(runtime, entry, work.repo_id, work.options, work.progress)
+    context = PipelineContext(host, entry, work.repo_id, work.options, work.progress)
     outcome = DeviceOutcome()
     try:
         with _cancellation(work.ticket):
@@ -117,7 +117,7 @@ def run_device_work(runtime: DeviceHost, work: DeviceWork, portable: bool = True
     except Exception as error:  # noqa: BLE001 - returned to the caller, who raises it
         outcome.error = _portable(error) if portable else error
     outcome.seconds = time.perf_counter() - start
-    outcome.loads = runtime.loads - loads_before
+    outcome.loads = host.loads - loads_before
     return outcome
 
 

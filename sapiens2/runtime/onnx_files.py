@@ -12,7 +12,7 @@ from sapiens2.errors import ConfigError
 from sapiens2.models import hub
 from sapiens2.models.kinds import KINDS, ModelKind
 from sapiens2.models.onnx_export import BATCH, INPUT_NAME, OPSET, export_onnx
-from sapiens2.runtime.runtime import Runtime
+from sapiens2.runtime.host import Host
 from sapiens2.tasks import TASKS, get_task
 from sapiens2.vision.processing import ProcessorSettings
 
@@ -41,14 +41,14 @@ def export_task(name: str, out: str | os.PathLike[str], model: str | None = None
     two paths."""
     kind = export_kind(name)
     repo_id = model or default_repo(kind)
-    runtime = Runtime(device="cpu", dtype="fp32")
-    torch_model = runtime.model(repo_id)
+    host = Host(device="cpu", dtype="fp32")
+    torch_model = host.model(repo_id)
     config = torch_model.config
     if config.architecture != kind.architecture:
         raise ConfigError(
             f"{hub.display_name(repo_id)} is a {config.architecture}, not the {kind.architecture} of {name}"
         )
-    settings = runtime.settings(repo_id, kind)
+    settings = host.settings(repo_id, kind)
     out = Path(out)
     exported = export_onnx(torch_model, out, settings.size)
     description = {

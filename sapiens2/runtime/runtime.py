@@ -1,240 +1,91 @@
-"""The runtime: one device, one model cache and one person detector, running registered tasks on photos."""
+"""The task runner: runs registered tasks by name on photos with one model host (`runtime.host`), its model
+steps in this process or across a device boundary (a ZeroGPU worker), as plain data either way."""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
-from torch import nn
-
-from sapiens2.errors import ConfigError
 from sapiens2.models import hub, hub_access
-from sapiens2.models.config import Sapiens2Config
-from sapiens2.models.device import (
-    MPS_WITHOUT_FALLBACK,
-    choose_dtype,
-    cpu_fallback_note,
-    dtype_name,
-    mps_fallback_active,
-    recording_cpu_fallbacks,
-    resolve_device,
-    synchronize,
-)
-from sapiens2.models.kinds import ModelKind
+from sapiens2.models.device import cpu_fallback_note
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import Option
-from sapiens2.pipelines.steps import Photo
 from sapiens2.progress import Progress, within
-from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork, run_device_work
-from sapiens2.runtime.cache import ModelCache, budget_from_env
+from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork
+from sapiens2.runtime.host import COMPILE_ENV, DEFAULT_BATCH_SIZE, Host
 from sapiens2.runtime.jobs import check_cancelled
-from sapiens2.runtime.onnx_backend import BACKENDS, ONNXRUNTIME, TORCH, load_onnxruntime, missing_onnxruntime
-from sapiens2.settings import Settings, current
 from sapiens2.tasks.outputs import draw_result
-from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task, model_bytes_estimate
-from sapiens2.vision.detector import Detections, PersonDetector, YoloPersonDetector
+from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task
 from sapiens2.vision.images import LoadedImage, load_image
-from sapiens2.vision.processing import ProcessorSettings, size_text
 
-log = logging.getLogger("sapiens2.runtime")
-
-DEFAULT_BATCH_SIZE = 8
-COMPILE_ENV = "SAPIENS2_COMPILE"
+__all__ = ["COMPILE_ENV", "DEFAULT_BATCH_SIZE", "Runtime"]
 
 
-def load_compiled(repo_id: str, **kwargs: Any) -> nn.Module:
-    """`hub.from_pretrained`, then torch.compile on the model in place (names and attributes unchanged).
-    Compiling happens on the first forward of each input shape: tens of seconds to minutes, once."""
-    model = hub.from_pretrained(repo_id, **kwargs)
-    model.compile()
-    return model
+class _OfHost:
+    """An attribute of the runner that is its host's, read and set there: callers holding the runner see
+    the host's device, cache and forward (and a forward swapped on the runner is the one pipelines call)."""
 
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
-def choose_backend(backend: str | None, device: torch.device, dtype: str | None) -> str:
-    """The backend that runs the forwards: `backend` when it can run on `device` in `dtype`, else "torch"."""
-    backend = backend or TORCH
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend == ONNXRUNTIME:
-        if device.type != "cpu":
-            raise ConfigError(f"the ONNX Runtime backend runs on the CPU, not on {device.type}")
-        if dtype not in (None, "fp32", "float32"):
-            raise ConfigError(f"the ONNX Runtime backend runs in fp32, not {dtype}")
-        missing = missing_onnxruntime()
-        if missing is not None:
-            raise ConfigError(f"the ONNX Runtime backend needs {missing}")
-    return backend
+    def __get__(self, runner: Runtime | None, owner: type | None = None) -> Any:
+        return self if runner is None else getattr(runner.host, self.name)
+
+    def __set__(self, runner: Runtime, value: Any) -> None:
+        setattr(runner.host, self.name, value)
 
 
 class Runtime:
-    """Runs tasks by name on photos; models are loaded once and shared by every task and caller."""
+    """Runs tasks by name on photos; models are loaded once, by its host, and shared by every task and
+    caller."""
 
-    def __init__(
-        self,
-        *,
-        device: str | None = None,
-        dtype: str | None = None,
-        detector: str | os.PathLike | PersonDetector | None = None,
-        cache: ModelCache | None = None,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        compile: bool | None = None,
-        setup: Settings | None = None,
-        backend: str | None = None,
-    ):
-        """`compile` (default: SAPIENS2_COMPILE) runs every model through torch.compile; `setup`: the settings
-        the arguments left unsaid come from (the settings in force when None); `backend` "onnxruntime" runs
-        the forwards in ONNX Runtime on the CPU, in float32 (default "torch")."""
-        self.setup = setup or current()
-        self.device = resolve_device(device or self.setup.device)
-        self.backend = choose_backend(backend, self.device, dtype)
-        if self.backend == ONNXRUNTIME:
-            self.dtype, self.dtype_reason = torch.float32, "ONNX Runtime runs the exported float32 model"
-        else:
-            self.dtype, self.dtype_reason = choose_dtype(dtype, self.device, self.setup.dtype)
-        self.compiled = self.setup.compile if compile is None else compile
-        if batch_size < 1:
-            raise ConfigError(f"batch size must be at least 1, got {batch_size}")
-        self.batch_size = batch_size
-        loader = load_compiled if self.compiled else hub.from_pretrained
-        self.cache = cache or ModelCache(
-            load_onnxruntime if self.backend == ONNXRUNTIME else loader,
-            device=self.device,
-            dtype=self.dtype,
-            budget_bytes=budget_from_env(self.device, self.setup),
-            estimate=lambda repo_id: model_bytes_estimate(repo_id, self.dtype),
-        )
-        # A detector object is used as given; a model name or .pt path (or None) is loaded on first use.
-        by_name = detector is None or isinstance(detector, (str, os.PathLike))
-        self._detector_source = detector if by_name else None
-        self._builds_detector = by_name
-        self._detector: PersonDetector | None = None if by_name else detector
-        self._detector_lock = threading.Lock()
-        self._settings: dict[str, ProcessorSettings] = {}
-        self._configs: dict[str, Sapiens2Config] = {}
-        # Where the model steps run: None in this process; else a function taking plain DeviceWork to its
-        # DeviceOutcome somewhere the models live (a ZeroGPU worker: sapiens2.serving.zerogpu).
+    def __init__(self, *, host: Host | None = None, **arguments: Any):
+        """`host`: the model host to run on; else one built from `arguments`, the host's (device, dtype,
+        detector, cache, batch_size, compile, setup, backend: see `Host`)."""
+        self.host = host or Host(**arguments)
+        # Where the model steps run: None in this process, by the host; else a function taking plain
+        # DeviceWork to its DeviceOutcome where the models live (a ZeroGPU worker: sapiens2.serving.zerogpu).
         self.device_boundary: Callable[[DeviceWork], DeviceOutcome] | None = None
-        # The operations PyTorch has run on the CPU because the Apple GPU (MPS) has no kernel for them.
-        self.cpu_fallbacks: set[str] = set()
-        if self.device.type == "mps" and not mps_fallback_active():
-            log.warning(MPS_WITHOUT_FALLBACK)
 
-    @property
-    def device_label(self) -> str:
-        return self.device.type if self.device.index is None else str(self.device)
+    # The host's, for callers that hold the runner (the app, the command line, videos).
+    setup = _OfHost()
+    device = _OfHost()
+    dtype = _OfHost()
+    dtype_reason = _OfHost()
+    backend = _OfHost()
+    compiled = _OfHost()
+    batch_size = _OfHost()
+    cache = _OfHost()
+    cpu_fallbacks = _OfHost()
+    device_label = _OfHost()
+    dtype_label = _OfHost()
+    resident = _OfHost()
+    loads = _OfHost()
+    model = _OfHost()
+    config = _OfHost()
+    settings = _OfHost()
+    preload = _OfHost()
+    use_device = _OfHost()
+    detect = _OfHost()
+    forward = _OfHost()
 
-    @property
-    def dtype_label(self) -> str:
-        return dtype_name(self.dtype)
-
-    @property
-    def resident(self) -> frozenset[str]:
-        """The models loaded at start-up and kept (`preload`)."""
-        return self.cache.kept
-
-    @property
-    def loads(self) -> int:
-        """Models loaded by this runtime so far (cache misses)."""
-        return self.cache.stats.loads
-
-    # ---- what tasks call -------------------------------------------------------------------------------
-
-    def model(self, repo_id: str, progress: Progress | None = None) -> nn.Module:
-        """The cached model of `repo_id`, loading (and downloading) it on first use."""
-        return self.cache.get(repo_id, progress=progress)
-
-    def config(self, repo_id: str) -> Sapiens2Config:
-        """The model's config: the loaded model's, else its config read alone (the weights are not loaded)."""
-        if repo_id in self.cache:
-            return self.model(repo_id).config
-        if repo_id not in self._configs:
-            self._configs[repo_id] = hub.load_model_config(repo_id)
-        return self._configs[repo_id]
-
-    def settings(self, repo_id: str, kind: ModelKind) -> ProcessorSettings:
-        """The repo's preprocessing: its preprocessor_config.json when available, else the kind's defaults at
-        the image size of the model's config (4096x3072 for the 4K backbone, else 1024x768); refused when the
-        model cannot take inputs of that size."""
-        if repo_id not in self._settings:
-            config = self.config(repo_id)
-            directory = hub.processor_config_dir(repo_id)
-            if directory is None:
-                settings = ProcessorSettings.for_kind(kind, config.image_size)
-            else:
-                settings = ProcessorSettings.from_pretrained_dir(directory, kind, config.image_size)
-            if not config.accepts_input_size(settings.size):
-                built, asked = size_text(config.image_size), size_text(settings.size)
-                raise ConfigError(
-                    f"{hub.display_name(repo_id)} was built for {built} inputs (image_size in its "
-                    f"config.json) and cannot run at the {asked} that its preprocessor_config.json asks for. "
-                    "Make the two sizes agree."
-                )
-            self._settings[repo_id] = settings
-        return self._settings[repo_id]
-
-    def run_on_device(self, context: PipelineContext, photos: Sequence[Photo], first_step: int) -> None:
-        """The pipeline's steps from `first_step` on, through the one device runner (`run_device_work`): here,
-        or across the device boundary when one is set, as plain data (the photos already resized for the
-        model on this side)."""
-        task, options = context.task.name, dict(context.options)
-        work = DeviceWork(task, context.repo_id, options, first_step, list(photos), context.progress)
+    def run_on_device(self, work: DeviceWork) -> DeviceOutcome:
+        """The work's model steps, through the one device runner: by the host here, or across the device
+        boundary when one is set (the photos already resized for the model on this side)."""
         if self.device_boundary is None:
-            # The whole model side: detection, forwards and decoding may each meet an operation MPS lacks.
-            with recording_cpu_fallbacks(self.device, self.cpu_fallbacks):
-                outcome = run_device_work(self, work, portable=False)
-        else:
-            for photo in photos:
-                photo.image.model_rgb  # noqa: B018 - resized here, on the CPU, before the photo crosses
-            outcome = self.device_boundary(work)
-        outcome.applied_to(photos, context)
+            return self.host.run_work(work)
+        for photo in work.photos:
+            photo.image.model_rgb  # noqa: B018 - resized here, on the CPU, before the photo crosses
+        return self.device_boundary(work)
 
     def prepare(self, repo_id: str, progress: Progress | None = None) -> None:
         """Make `repo_id` ready before a long job, so a missing or broken checkpoint fails first: loaded
         here, or, when the models live across a device boundary, its config read (the device loads it)."""
         if self.device_boundary is None:
-            self.model(repo_id, progress)
+            self.host.model(repo_id, progress)
         else:
-            self.config(repo_id)
-
-    def preload(self, repo_id: str) -> None:
-        """Load `repo_id` now and keep it: the models a host loads at start-up (`resident`)."""
-        self.model(repo_id)
-        self.cache.keep(repo_id)
-
-    def use_device(self, device: torch.device) -> None:
-        """Run on `device` from now on: a forked worker that really holds the device its parent emulated."""
-        self.device = device
-        self.cache.device = device
-        if self._builds_detector:
-            self._detector = None  # built again, on the new device, at the next detection
-
-    def detect(self, image: LoadedImage) -> Detections:
-        """Person boxes in the photo's model-side pixels."""
-        with self._detector_lock:
-            if self._detector is None:
-                self._detector = YoloPersonDetector(self._detector_source, device=str(self.device))
-            detector = self._detector
-        return detector.detect(image.model_rgb)
-
-    def forward(self, model: nn.Module, pixel_values: torch.Tensor, **kwargs: Any) -> Any:
-        """The model's output dataclass for a batch of inputs, run in chunks of `batch_size`; its tensor
-        fields are float32 and hold the whole batch."""
-        chunks = []
-        with torch.inference_mode():
-            for start in range(0, len(pixel_values), self.batch_size):
-                check_cancelled()  # a cancelled request stops here, between batches
-                batch = pixel_values[start : start + self.batch_size].to(self.device, self.dtype)
-                chunks.append(model(batch, **kwargs))
-            synchronize(self.device)
-        return _concatenated(chunks)
-
-    # ---- what the app and the command line call ------------------------------------------------------
+            self.host.config(repo_id)
 
     def options(self, task: str) -> tuple[Option, ...]:
         """The options of `task` with their defaults for this runtime's device."""
@@ -291,14 +142,20 @@ class Runtime:
         entry = get_task(task)
         loaded = [image if isinstance(image, LoadedImage) else load_image(image) for image in images]
         context = PipelineContext(
-            self,
+            self.host,
             entry,
             model or entry.repo_id(size),
             entry.coerce_options(options, self.device),
             progress,
             name=model_name if model else None,
         )
-        results = entry.run(context, loaded, given, self.run_on_device)
+        pipeline = entry.pipeline
+        photos = pipeline.started(context, loaded, given)
+        first = pipeline.first_model_step
+        if first < len(pipeline.steps):
+            work = DeviceWork(entry.name, context.repo_id, dict(context.options), first, photos, progress)
+            self.run_on_device(work).applied_to(photos, context)
+        results = pipeline.finished_all(context, photos)
         for operation in sorted(self.cpu_fallbacks):
             context.note(cpu_fallback_note(operation))
         for image, result in zip(loaded, results, strict=True):
@@ -375,16 +232,3 @@ class Runtime:
         if not lines:
             return None
         return "First use downloads " + " and ".join(lines) + "; later runs reuse it."
-
-
-def _concatenated(chunks: Sequence[Any]) -> Any:
-    """One output dataclass from the outputs of consecutive chunks: tensor fields joined and made float32."""
-    first = chunks[0]
-    joined = {}
-    for field in dataclasses.fields(first):
-        values = [getattr(chunk, field.name) for chunk in chunks]
-        if isinstance(values[0], torch.Tensor):
-            joined[field.name] = torch.cat([value.float() for value in values])
-        else:
-            joined[field.name] = values[0]
-    return type(first)(**joined)

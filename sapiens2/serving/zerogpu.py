@@ -4,7 +4,8 @@ On ZeroGPU the web process has no GPU. `spaces` emulates CUDA in it, and each ca
 with `spaces.GPU` runs in a worker process forked from it that holds a real GPU for the call, its arguments
 and result pickled through a queue; the worker is reused while the GPU stays idle. So here:
 
-- the runtime is module state that the worker inherits by the fork, never an argument (`serve`);
+- the runtime's model host is module state that the worker inherits by the fork, never an argument
+  (`serve`); the runner stays in the web process;
 - the default model of every tab, and the helpers they use, is loaded at start-up on the CPU and moved to
   "cuda": spaces records those tensors, packs them once at launch and moves them to the GPU when a worker
   starts; other sizes load inside the call that needs them (the page says so);
@@ -42,8 +43,8 @@ import torch
 from torch import nn
 
 from sapiens2.models import aot
-from sapiens2.runtime import Runtime
-from sapiens2.runtime.boundary import CANCEL_FLAGS, DeviceOutcome, DeviceWork, run_device_work
+from sapiens2.runtime import Host, Runtime
+from sapiens2.runtime.boundary import CANCEL_FLAGS, DeviceOutcome, DeviceWork
 from sapiens2.runtime.jobs import current_job
 from sapiens2.tasks import TASKS
 from sapiens2.tasks.registry import model_bytes_estimate, official_checkpoint, parameter_count
@@ -95,7 +96,7 @@ def serve(runtime: Runtime) -> Hosting:
     if not on_zerogpu():
         return Hosting()
     global _runtime, _on_gpu
-    _runtime = runtime
+    _runtime = runtime.host
     runtime.cache.load_through(cpu_staged)
     start = time.perf_counter()
     for repo_id in default_models():
@@ -112,15 +113,15 @@ def serve(runtime: Runtime) -> Hosting:
     _on_gpu = spaces.GPU(duration=duration_for)(_in_worker)
     runtime.device_boundary = _through_worker
     if runtime.setup.zerogpu_aot:
-        compile_ahead(runtime)
+        compile_ahead(runtime.host)
     seconds = time.perf_counter() - start
     return Hosting("ZeroGPU", LIVE_UNAVAILABLE, tuple(sorted(runtime.resident)), seconds)
 
 
-def compile_ahead(runtime: Runtime) -> int:
+def compile_ahead(host: Host) -> int:
     """Compile the start-up models' repeated blocks in one long GPU call and apply them; the number of blocks
     that run compiled (none, after one log line, when anything fails: the models run eager)."""
-    models = {repo_id: runtime.model(repo_id) for repo_id in sorted(runtime.resident)}
+    models = {repo_id: host.model(repo_id) for repo_id in sorted(host.resident)}
     models = {repo_id: model for repo_id, model in models.items() if aot.backbones(model)}
     start = time.perf_counter()
     on_gpu = spaces.GPU(duration=AOT_SECONDS)(_compile_in_worker)
@@ -143,7 +144,7 @@ def default_models() -> list[str]:
 
 # ---- the web process's side --------------------------------------------------------------------------------
 
-_runtime: Runtime | None = None
+_runtime: Host | None = None  # the model host, inherited by every GPU worker
 _on_gpu: Any = None
 
 
@@ -172,10 +173,10 @@ def duration_for(work: DeviceWork) -> int:
     """The GPU seconds to ask ZeroGPU for this work: a worker's start, any model to load, and the photos'
     forwards, doubled, within [SHORTEST, LONGEST]."""
     seconds = WORKER_START_SECONDS + work.count * _photo_seconds(work.task, work.repo_id)
-    runtime = _runtime
+    host = _runtime
     needed = {work.repo_id, *([TASKS[work.task].helper_repo_id(work.repo_id)] if work.task in TASKS else [])}
-    for repo_id in needed - {None} - (runtime.resident if runtime is not None else set()):
-        size = model_bytes_estimate(repo_id, runtime.dtype if runtime is not None else torch.bfloat16)
+    for repo_id in needed - {None} - (host.resident if host is not None else set()):
+        size = model_bytes_estimate(repo_id, host.dtype if host is not None else torch.bfloat16)
         seconds += (size or 4e9) / LOAD_BYTES_PER_SECOND
     return int(min(LONGEST, max(SHORTEST, MARGIN * seconds)))
 
@@ -194,18 +195,18 @@ def _photo_seconds(task: str, repo_id: str) -> float:
 
 
 def _in_worker(work: DeviceWork) -> DeviceOutcome:
-    """Run in the forked GPU worker, on the runtime it inherited, on the device it really holds (spaces
-    has moved the start-up models there before the first call)."""
-    runtime = _runtime
-    assert runtime is not None, "serve() sets the runtime before the app starts"
-    _use_the_real_device(runtime)
-    return run_device_work(runtime, work)
+    """Run in the forked GPU worker, by the host it inherited, on the device it really holds (spaces has
+    moved the start-up models there before the first call)."""
+    host = _runtime
+    assert host is not None, "serve() sets the host before the app starts"
+    _use_the_real_device(host)
+    return host.run_work(work, portable=True)
 
 
-def _use_the_real_device(runtime: Runtime) -> None:
+def _use_the_real_device(host: Host) -> None:
     real = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if runtime.device != real:
-        runtime.use_device(real)
+    if host.device != real:
+        host.use_device(real)
 
 
 _fallback = aot.Fallback()
@@ -214,10 +215,10 @@ _fallback = aot.Fallback()
 def _compile_in_worker(repo_ids: list[str]) -> dict[tuple, bytes]:
     """Run in a GPU worker: each distinct block layout of the models, compiled by spaces' helpers; the
     packages alone come back (each block brings its own weights where it runs)."""
-    runtime = _runtime
-    assert runtime is not None, "serve() sets the runtime before the app starts"
-    _use_the_real_device(runtime)
-    models = [runtime.model(repo_id) for repo_id in repo_ids]
+    host = _runtime
+    assert host is not None, "serve() sets the host before the app starts"
+    _use_the_real_device(host)
+    models = [host.model(repo_id) for repo_id in repo_ids]
     sizes = [tuple(model.config.image_size) for model in models]
     compiler = aot.Compiler(spaces.aoti_capture, _compile_with_spaces, _load_in_worker)
     return aot.compile_models(models, sizes, compiler)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         TaskResult,
     )
     from sapiens2.pipelines.context import PipelineContext
-    from sapiens2.pipelines.steps import DeviceSteps, Given, Pipeline
+    from sapiens2.pipelines.steps import Given, Pipeline
     from sapiens2.vision.images import LoadedImage
 
 
@@ -161,15 +161,10 @@ class Task:
         return (*self.options, *(option for option in self.video_options if option.name not in names))
 
     def run(
-        self,
-        context: PipelineContext,
-        images: Sequence[LoadedImage],
-        given: Given | None = None,
-        on_device: DeviceSteps | None = None,
+        self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
     ) -> list[TaskResult]:
-        """One result per photo, in order; `given`: values each photo starts with, `on_device`: the device
-        runner of the model steps (see Pipeline.run)."""
-        return self.pipeline.run(context, images, given, on_device)
+        """One result per photo, in order, every step run here; `given`: values each photo starts with."""
+        return self.pipeline.run(context, images, given)
 
     def helper_repo_id(self, repo_id: str) -> str | None:
         """The helper model paired with `repo_id` (same size, else the helper's smallest, as for a checkpoint

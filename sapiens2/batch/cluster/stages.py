@@ -27,8 +27,8 @@ from sapiens2.batch.retry import each_alone_on_failure
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.steps import Photo, Step
-from sapiens2.runtime.boundary import DeviceWork, run_device_work
-from sapiens2.runtime.runtime import Runtime
+from sapiens2.runtime.boundary import DeviceWork
+from sapiens2.runtime.host import Host
 from sapiens2.settings import Settings, install
 from sapiens2.tasks.registry import Task, get_task
 from sapiens2.vision.images import load_image
@@ -54,7 +54,7 @@ class Job:
     def entry(self) -> Task:
         return get_task(self.task)
 
-    def context(self, host: Runtime) -> PipelineContext:
+    def context(self, host: Host) -> PipelineContext:
         install(self.settings)
         return PipelineContext(host, self.entry, self.repo_id, self.options)
 
@@ -69,13 +69,13 @@ class Job:
 
 
 @functools.cache
-def _cpu_runtime(settings: Settings) -> Runtime:
-    """A worker's runtime for CPU steps: its processor settings, read once per worker, and never a model."""
-    return Runtime(device="cpu", setup=settings)
+def _cpu_host(settings: Settings) -> Host:
+    """A worker's host for CPU steps: its processor settings, read once per worker, and never a model."""
+    return Host(device="cpu", setup=settings)
 
 
 def _cpu_context(job: Job) -> PipelineContext:
-    return job.context(_cpu_runtime(job.settings))
+    return job.context(_cpu_host(job.settings))
 
 
 ROW = ("source", "fs", "label", "directory", "stem")
@@ -157,7 +157,8 @@ def cpu_stage(batch: pd.DataFrame, job: Job, group: int) -> pd.DataFrame:
 
 
 class ModelStage:
-    """An actor holding the models of a group of model steps (loaded once), run on batches of photos."""
+    """An actor holding a model host for a group of model steps (its models loaded once), run on batches of
+    photos."""
 
     def __init__(self, job: Job, group: int) -> None:
         import ray
@@ -166,14 +167,14 @@ class ModelStage:
         self.job, self.steps = job, job.groups()[group][1]
         install(job.settings)
         self.first, self.stop = job.step_range(group)
-        self.runtime = Runtime(
+        self.host = Host(
             device=job.device,
             dtype=job.dtype,
             detector=job.detector,
             batch_size=job.batch_size,
             setup=job.settings,
         )
-        if self.runtime.device.type == "cpu":
+        if self.host.device.type == "cpu":
             # Ray starts workers with one thread per reserved CPU; a model on CPUs uses the node's cores.
             torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.node = ray.get_runtime_context().get_node_id()
@@ -200,7 +201,7 @@ class ModelStage:
             for photo in photos
         ]
         work = DeviceWork(job.task, job.repo_id, dict(job.options), self.first, attempt, stop=self.stop)
-        outcome = run_device_work(self.runtime, work)
+        outcome = self.host.run_work(work, portable=True)
         if outcome.error is not None:
             raise outcome.error
         return [
