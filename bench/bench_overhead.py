@@ -109,7 +109,7 @@ def ours(host: RandomOutputs, photo: LoadedImage, task: str, background: bool) -
     repo_id = entry.repo_id("1b" if task == "matting" else "0.4b")
 
     def run() -> TaskResult:
-        context = PipelineContext(host, entry, repo_id, entry.coerce_options(options))
+        context = PipelineContext(host, entry, repo_id, entry.checked_options(options))
         return draw_result(entry.run(context, [photo])[0])
 
     return run

@@ -79,7 +79,7 @@ def write_image_outputs(result: TaskResult, task: Task, source: Source, plan: Pl
     todo = [export for export in exports if missing(export.suffix)]
     titles = [title for title, suffix in pictures.items() if missing(f"{suffix}.png")]
     kept = len(exports) - len(todo) + len(pictures) - len(titles)
-    written = write_exports(todo, result.prediction, result.options, folder, stem)
+    written = write_exports(todo, result.prediction, task.own_options(result.options), folder, stem)
     try:
         drawn = dict(draw_result(result, titles).pictures) if titles else {}
         for title in titles:

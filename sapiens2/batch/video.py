@@ -383,7 +383,7 @@ def process_video(
         runtime.prepare(job.model or task.repo_id(job.size), progress)
         if capture_motion is not None:
             capture_motion.prepare(progress)
-    log = task.frame_log(options) if task.frame_log is not None and job.write_log else None
+    log = task.frame_log(task.own_options(options)) if task.frame_log is not None and job.write_log else None
     follower = None
     if task.frame_follower is not None:  # across a device boundary every model call is costly
         batched = runtime.device_boundary is not None

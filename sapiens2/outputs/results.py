@@ -7,7 +7,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -59,8 +59,18 @@ class Prediction:
     model_id: str
 
 
+@dataclass(frozen=True)
+class TaskOptions:
+    """A task's checked options, one attribute each: every task declares its own subclass, one field per
+    option (`sapiens2.pipelines.options.option`); this base holds none (a task without options)."""
+
+    def by_name(self) -> dict[str, Any]:
+        """The options by name, as the app, the command line and the API give them."""
+        return {item.name: getattr(self, item.name) for item in fields(self)}
+
+
 P = TypeVar("P", bound=Prediction)
-Options = Mapping[str, Any]  # a task's checked options, by name
+Options = TaskOptions  # what pictures and exports are drawn and written with
 
 
 @dataclass(frozen=True)
@@ -88,14 +98,15 @@ Pictures = list[tuple[str, np.ndarray]]  # (title, uint8 RGB picture at the phot
 @dataclass
 class TaskResult:
     """One task's answer for one photo: plain data that pickles (a ZeroGPU fork, a Ray stage, a video's frame
-    log). `prediction` is the task's typed prediction; `options` the checked options it was run with, which
-    drawing and exports read; `pictures` is empty until drawn (`sapiens2.tasks.draw_result`), then holds
-    uint8 RGB pictures at the photo's own size. Files come from `sapiens2.tasks.export_result`."""
+    log). `prediction` is the task's typed prediction; `options` the checked options it was run with (the
+    task's TaskOptions; `by_name()` gives their names), which drawing and exports read; `pictures` is empty
+    until drawn (`sapiens2.tasks.draw_result`), then holds uint8 RGB pictures at the photo's own size. Files
+    come from `sapiens2.tasks.export_result`."""
 
     task: str
     model_id: str
     prediction: Prediction
-    options: dict[str, Any] = field(default_factory=dict)
+    options: TaskOptions = field(default_factory=TaskOptions)
     pictures: Pictures = field(default_factory=list)
     summary: str = ""
     notes: list[str] = field(default_factory=list)
@@ -121,7 +132,7 @@ class FrameLog(ABC):
 
     suffix: ClassVar[str]  # the file's name after the video's stem, e.g. "_predictions.json"
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
+    def __init__(self, options: TaskOptions) -> None:
         self.options = options
 
     @abstractmethod
@@ -133,8 +144,8 @@ class FrameLog(ABC):
         """Write the record as directory/{stem}{suffix}; returns its path."""
 
     @classmethod
-    def format_suffixes(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
-        """The other files (or folders) the checked `options` ask for beside the record, after the stem."""
+    def format_suffixes(cls, options: TaskOptions) -> tuple[str, ...]:
+        """The other files (or folders) the task's `options` ask for beside the record, after the stem."""
         return ()
 
     def write_formats(self, directory: Path, stem: str) -> list[Path]:

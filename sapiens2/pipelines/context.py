@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -12,7 +11,7 @@ from torch import nn
 from sapiens2.models.config import Sapiens2Config
 from sapiens2.models.hub import display_name
 from sapiens2.models.kinds import ModelKind
-from sapiens2.outputs.results import Timings
+from sapiens2.outputs.results import TaskOptions, Timings
 from sapiens2.progress import Progress
 from sapiens2.settings import Settings
 from sapiens2.vision.detector import Detections
@@ -53,15 +52,19 @@ class ModelHost(Protocol):
     def config(self, repo_id: str) -> Sapiens2Config: ...
 
 
+Chosen = TypeVar("Chosen", bound=TaskOptions)
+
+
 @dataclass
-class PipelineContext:
-    """One run of a task on a batch of photos: where models come from, which checkpoint, the checked
-    options, the batch's timings (shared by its photos) and the progress callback."""
+class PipelineContext(Generic[Chosen]):
+    """One run of a task on a batch of photos: where models come from, which checkpoint, the task's checked
+    options (its own `TaskOptions`, read as attributes), the batch's timings (shared by its photos) and the
+    progress callback."""
 
     host: ModelHost
     task: TaskSpec
     repo_id: str
-    options: Mapping[str, Any]
+    options: Chosen
     progress: Progress | None = None
     timings: Timings = field(default_factory=Timings)
     notes: list[str] = field(default_factory=list)  # for the user, added to every photo's result

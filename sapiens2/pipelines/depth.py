@@ -26,25 +26,27 @@ from sapiens2.outputs.exports import (
 )
 from sapiens2.outputs.mesh import step_for_bytes
 from sapiens2.outputs.pictures import depth_picture
-from sapiens2.outputs.results import Export, Options, Prediction, TaskResult
+from sapiens2.outputs.results import Export, Prediction, TaskResult
 from sapiens2.pipelines.common import forward_inputs, resize_step, row
 from sapiens2.pipelines.context import PipelineContext
-from sapiens2.pipelines.options import Option
-from sapiens2.pipelines.segment import background_masks, helper_resize_step
+from sapiens2.pipelines.options import option
+from sapiens2.pipelines.segment import BackgroundOptions, background_masks, helper_resize_step
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import pointmap_to_image, to_hwc
 from sapiens2.vision.intrinsics import Intrinsics, fit_intrinsics, points_in_front
 
-OPTIONS = (
-    Option(
-        "smooth",
+
+@dataclass(frozen=True)
+class DepthOptions(BackgroundOptions):
+    """Depth's options: the background's, then the smoothing."""
+
+    smooth: bool = option(
         "Smooth the depth as the official demo does",
         "checkbox",
         True,
         help="A light Gaussian blur of the predicted points before they are enlarged to the photo; the "
         "picture, the point cloud and the exported .npy and .ply all show the smoothed points.",
-    ),
-)
+    )
 
 
 # Of the per-request output limit, the most the full mesh may take (then it is decimated): a quarter, so that
@@ -101,7 +103,7 @@ def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
         photo.values["pointmap"], photo.values["mask"] = row(outputs, index), mask
 
 
-def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+def _finish(context: PipelineContext[DepthOptions], photo: Photo) -> TaskResult:
     image, output = photo.image, photo.values["pointmap"]
     pointmap = pointmap_to_image(
         output.pointmaps,
@@ -109,7 +111,7 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         image.model_size,
         context.settings(),
         image.original_size,
-        smooth=context.options["smooth"],
+        smooth=context.options.smooth,
     )
     planes = pointmap[0].detach().cpu()  # x, y and z, each contiguous: the checks below read them fastest
     points = np.ascontiguousarray(to_hwc(planes))
@@ -132,13 +134,13 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         task=context.task.name,
         model_id=context.model_name,
         prediction=prediction,
-        options=dict(context.options),
+        options=context.options,
         summary=f"{int(foreground.sum()):,} foreground points. {_camera_sentence(camera)}",
         notes=notes,
     )
 
 
-def draw(prediction: DepthPrediction, options: Options) -> np.ndarray:
+def draw(prediction: DepthPrediction, options: DepthOptions) -> np.ndarray:
     """The foreground's depth in turbo colours."""
     return depth_picture(np.ascontiguousarray(prediction.depth), prediction.foreground)
 
@@ -148,7 +150,7 @@ def view(prediction: DepthPrediction, directory: Path, stem: str) -> Path:
     return write_mesh_preview(directory, stem, prediction.pointmap, prediction.image, prediction.foreground)
 
 
-def _write_mesh(found: DepthPrediction, options: Options, directory: Path, stem: str) -> list[Path]:
+def _write_mesh(found: DepthPrediction, options: DepthOptions, directory: Path, stem: str) -> list[Path]:
     return write_mesh(directory, stem, found.pointmap, found.image, found.foreground, found.mesh_step)
 
 

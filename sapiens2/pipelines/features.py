@@ -9,7 +9,7 @@ import numpy as np
 
 from sapiens2.outputs.exports import CLS_NPY, PATCHES_NPY, write_cls, write_patches
 from sapiens2.outputs.pictures import pca_picture
-from sapiens2.outputs.results import Export, Options, Prediction, TaskResult
+from sapiens2.outputs.results import Export, Prediction, TaskOptions, TaskResult
 from sapiens2.pipelines.common import forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
@@ -39,12 +39,12 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         task=context.task.name,
         model_id=context.model_name,
         prediction=FeaturesPrediction(photo.image.rgb, context.model_name, cls, patches),
-        options=dict(context.options),
+        options=context.options,
         summary=f"{patches.shape[0]}-dimensional features on a {rows}x{columns} patch grid.",
     )
 
 
-def draw(prediction: FeaturesPrediction, options: Options) -> np.ndarray:
+def draw(prediction: FeaturesPrediction, options: TaskOptions) -> np.ndarray:
     """The patch features' first three principal components as colours, at the photo's size."""
     return pca_picture(prediction.features, prediction.image.shape[:2])
 

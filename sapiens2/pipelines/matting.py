@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,31 +10,30 @@ import numpy as np
 
 from sapiens2.outputs.exports import ALPHA, CUTOUT, write_alpha, write_picture, write_rgba
 from sapiens2.outputs.pictures import alpha_picture, cutout_on_checkerboard
-from sapiens2.outputs.results import Export, Options, Prediction, TaskResult
+from sapiens2.outputs.results import Export, Prediction, TaskOptions, TaskResult
 from sapiens2.pipelines.common import forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
-from sapiens2.pipelines.options import Option
+from sapiens2.pipelines.options import option
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import alpha_to_uint8, composite, matting_to_image, to_hwc
 from sapiens2.vision.images import LoadedImage, load_image
 
-OPTIONS = (
-    Option("background_color", "Background colour", "color", "#00b140"),
-    Option(
-        "background_image",
-        "Background image (replaces the colour)",
-        "image",
-        None,
-        overrides="background_color",
-    ),
-)
+
+@dataclass(frozen=True)
+class MattingOptions(TaskOptions):
+    """Matting's options: what the person is composited over."""
+
+    background_color: tuple[int, int, int] = option("Background colour", "color", "#00b140")
+    background_image: Any = option(
+        "Background image (replaces the colour)", "image", None, overrides="background_color"
+    )
 
 
-def _background(options: Mapping[str, Any]) -> tuple[int, int, int] | np.ndarray:
+def _background(options: MattingOptions) -> tuple[int, int, int] | np.ndarray:
     """The uploaded background image when there is one, else the colour."""
-    image = options["background_image"]
+    image = options.background_image
     if image is None:
-        return options["background_color"]
+        return options.background_color
     return (image if isinstance(image, LoadedImage) else load_image(image)).rgb
 
 
@@ -62,7 +61,7 @@ def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
         photo.values["foreground"], photo.values["alpha"] = outputs.foregrounds[part], outputs.alphas[part]
 
 
-def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+def _finish(context: PipelineContext[MattingOptions], photo: Photo) -> TaskResult:
     image = photo.image
     foreground, alpha = matting_to_image(
         photo.values["foreground"], photo.values["alpha"], image.original_size
@@ -73,22 +72,22 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         task=context.task.name,
         model_id=context.model_name,
         prediction=MattingPrediction(image.rgb, context.model_name, matte, blended),
-        options=dict(context.options),
+        options=context.options,
         summary=f"Foreground: {float(matte.mean()):.0%} of the photo (mean alpha).",
     )
 
 
-def draw_alpha(prediction: MattingPrediction, options: Options) -> np.ndarray:
+def draw_alpha(prediction: MattingPrediction, options: MattingOptions) -> np.ndarray:
     """The matte, white on black."""
     return alpha_picture(prediction.grey)
 
 
-def draw_cutout(prediction: MattingPrediction, options: Options) -> np.ndarray:
+def draw_cutout(prediction: MattingPrediction, options: MattingOptions) -> np.ndarray:
     """The photo cut out by the matte, on a checkerboard."""
     return cutout_on_checkerboard(prediction.image, prediction.grey)
 
 
-def draw_composite(prediction: MattingPrediction, options: Options) -> np.ndarray:
+def draw_composite(prediction: MattingPrediction, options: MattingOptions) -> np.ndarray:
     """The person over the chosen background."""
     return prediction.composite
 

@@ -9,10 +9,10 @@ import numpy as np
 
 from sapiens2.outputs.exports import NORMALS_NPY, NORMALS_PNG, write_normals, write_normals_png
 from sapiens2.outputs.pictures import normals_picture
-from sapiens2.outputs.results import Export, Options, Prediction, TaskResult
+from sapiens2.outputs.results import Export, Prediction, TaskResult
 from sapiens2.pipelines.common import forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
-from sapiens2.pipelines.segment import background_masks, helper_resize_step
+from sapiens2.pipelines.segment import BackgroundOptions, background_masks, helper_resize_step
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import normals_to_image, to_hwc, unit_vectors_
 
@@ -44,13 +44,13 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         task=context.task.name,
         model_id=context.model_name,
         prediction=NormalsPrediction(image.rgb, context.model_name, unit, background),
-        options=dict(context.options),
+        options=context.options,
         summary=f"Surface normals of {shown:,} {'pixels' if background is None else 'person pixels'}. "
         + SIXTEEN_BIT_HINT,
     )
 
 
-def draw(prediction: NormalsPrediction, options: Options) -> np.ndarray:
+def draw(prediction: NormalsPrediction, options: BackgroundOptions) -> np.ndarray:
     """The normals as colours, the background (when removed) left out."""
     return normals_picture(prediction.normals, prediction.background)
 

@@ -1,16 +1,19 @@
-"""Declarative task options: one description drives the app's controls, the command line and defaults."""
+"""Declarative task options: one description drives the app's controls, the command line, defaults and the
+typed options a pipeline reads (a `TaskOptions` subclass per task, one field per option)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
 from sapiens2.errors import RequestError
+from sapiens2.outputs.results import TaskOptions
 
 if TYPE_CHECKING:
     from sapiens2.models.config import Sapiens2Config
@@ -180,3 +183,50 @@ def parse_color(value: Any, name: str = "background_color") -> tuple[int, int, i
     if len(numbers) != 3 or any(n is None or not 0 <= n <= 255 for n in numbers):
         raise RequestError(f"Option '{name}' must be a colour: {_COLOUR_HELP}, not {shown(value)}.")
     return tuple(int(round(n)) for n in numbers)
+
+
+_OPTION = "sapiens2.option"  # a TaskOptions field's metadata key: the Option it declares
+
+
+def option(
+    label: str,
+    kind: OptionKind,
+    default: Any,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    step: float | None = None,
+    **more: Any,
+) -> Any:
+    """A field of a `TaskOptions` subclass declaring one option, named as the field (see `Option` for the
+    arguments); the value is always given, checked, by `checked`."""
+    declared = Option("", label, kind, default, minimum, maximum, step, **more)
+    return field(metadata={_OPTION: declared})
+
+
+@functools.cache
+def declared(options: type[TaskOptions]) -> tuple[Option, ...]:
+    """The options a `TaskOptions` subclass declares, in the order of its fields."""
+    return tuple(replace(item.metadata[_OPTION], name=item.name) for item in fields(options))
+
+
+T = TypeVar("T", bound=TaskOptions)
+
+
+def checked(
+    options: type[T], title: str, values: Mapping[str, Any], device: torch.device | str = "cpu"
+) -> T:
+    """`options` from `values` by name where given, else each option's default for models running on
+    `device`; unknown names refused (`title`: the task's, for the message)."""
+    settled = tuple(item.on_device(device) for item in declared(options))
+    return options(**coerced(title, settled, values))
+
+
+def coerced(title: str, options: Sequence[Option], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every one of `options` by name, from `values` where given, else its default; names not among them
+    refused."""
+    known = {item.name: item for item in options}
+    unknown = sorted(map(str, set(values) - set(known)))
+    if unknown:
+        names = ", ".join(shown(name) for name in unknown)
+        raise RequestError(f"{title} has no option {names}; it takes {', '.join(known)}.")
+    return {name: item.coerce(values.get(name)) for name, item in known.items()}

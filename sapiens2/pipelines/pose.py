@@ -27,9 +27,9 @@ from sapiens2.outputs.keypoint_files import (
     write_keypoint_formats,
 )
 from sapiens2.outputs.pictures import draw_pose
-from sapiens2.outputs.results import Export, FrameLog, Options, Prediction, TaskResult
+from sapiens2.outputs.results import Export, FrameLog, Prediction, TaskOptions, TaskResult
 from sapiens2.pipelines.context import PipelineContext
-from sapiens2.pipelines.options import ByDevice, Option
+from sapiens2.pipelines.options import ByDevice, option
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.images import LoadedImage
@@ -37,19 +37,21 @@ from sapiens2.vision.keypoint_formats import FORMAT_NAMES, NATIVE, convertible
 from sapiens2.vision.pose_decoding import Person, decode_keypoints
 from sapiens2.vision.processing import crop_persons
 
-OPTIONS = (
-    Option("threshold", "Keypoint threshold", "slider", 0.3, 0.0, 1.0, 0.05),
-    Option(
-        "flip_test",
+
+@dataclass(frozen=True)
+class PoseOptions(TaskOptions):
+    """Pose's options."""
+
+    threshold: float = option("Keypoint threshold", "slider", 0.3, 0.0, 1.0, 0.05)
+    flip_test: bool = option(
         "Flip test (average with the mirrored photo; twice the model time)",
         "checkbox",
         ByDevice(gpu=True, cpu=False),
         help="On by default with a GPU, as in the official demo; off by default on the CPU, where it doubles "
         "the model time.",
-    ),
-    Option("show_boxes", "Show person boxes", "checkbox", True),
-    Option(
-        "keypoint_format",
+    )
+    show_boxes: bool = option("Show person boxes", "checkbox", True)
+    keypoint_format: tuple[str, ...] = option(
         "Extra keypoint files (the 308 points' _pose.json always comes)",
         "choices",
         (),
@@ -58,8 +60,9 @@ OPTIONS = (
         help="Added beside the 308 points' _pose.json (sapiens308), which is always written: coco17 and "
         "wholebody133 as COCO results files (_coco17.json, _wholebody.json), openpose as OpenPose's JSON "
         "(_openpose.json).",
-    ),
-)
+    )
+
+
 CONTROLNET_SUFFIX = "_controlnet"
 
 
@@ -144,7 +147,7 @@ def _summary(detections: Detections) -> tuple[str, list[str]]:
     return f"{count} person{'s' if count != 1 else ''} found.", notes
 
 
-def _detect(context: PipelineContext, photos: Sequence[Photo]) -> None:
+def _detect(context: PipelineContext[PoseOptions], photos: Sequence[Photo]) -> None:
     """The detector's boxes of each photo, except for a photo given its boxes (in photo pixels: a video
     frame between detections, boxed around the persons of the frame before)."""
     if any("given_boxes" not in photo.values for photo in photos):
@@ -158,14 +161,14 @@ def _detect(context: PipelineContext, photos: Sequence[Photo]) -> None:
             photo.values["detections"] = dataclasses.replace(given, boxes_xywh=boxes)
 
 
-def _crop(context: PipelineContext, photos: Sequence[Photo]) -> None:
+def _crop(context: PipelineContext[PoseOptions], photos: Sequence[Photo]) -> None:
     settings = context.settings()
     for photo in photos:
         found = photo.values["detections"]
         photo.values["crops"] = crop_persons(photo.image.model_rgb, found.boxes_xywh, settings)
 
 
-def _keypoints(context: PipelineContext, photos: Sequence[Photo]) -> None:
+def _keypoints(context: PipelineContext[PoseOptions], photos: Sequence[Photo]) -> None:
     """Heatmaps of every person crop of the batch, decoded into each photo's keypoints and scores."""
     model = context.model()
     meta = keypoint_meta(model.config)
@@ -173,7 +176,7 @@ def _keypoints(context: PipelineContext, photos: Sequence[Photo]) -> None:
     context.stage(f"running the model on {len(crops)} person{'s' * (len(crops) != 1)}")
     heatmaps = context.forward(model, crops).heatmaps
     flipped = None
-    if context.options["flip_test"]:
+    if context.options.flip_test:
         flipped = context.forward(model, crops.flip(-1), flip_pairs=_flip_pairs(model, meta)).heatmaps
     starts = np.cumsum([0] + [len(photo.values["detections"]) for photo in photos]).tolist()
     size = context.settings().size
@@ -188,7 +191,7 @@ def _keypoints(context: PipelineContext, photos: Sequence[Photo]) -> None:
         photo.values["keypoints"], photo.values["scores"] = keypoints.cpu().numpy(), scores.cpu().numpy()
 
 
-def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+def _finish(context: PipelineContext[PoseOptions], photo: Photo) -> TaskResult:
     # The metadata from the checkpoint's config: a CPU worker of a cluster reads it without the weights.
     image, found, meta = photo.image, photo.values["detections"], keypoint_meta(context.config())
     persons = _in_photo_pixels(image, found, photo.values["keypoints"], photo.values["scores"])
@@ -200,34 +203,34 @@ def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
         task=context.task.name,
         model_id=context.model_name,
         prediction=prediction,
-        options=dict(context.options),
+        options=context.options,
         summary=summary,
         notes=notes,
         persons=len(prediction.detected),
     )
 
 
-def draw_keypoints(prediction: PosePrediction, options: Options) -> np.ndarray:
+def draw_keypoints(prediction: PosePrediction, options: PoseOptions) -> np.ndarray:
     """The skeletons (and, when asked, the boxes) on the photo."""
     meta, persons = prediction.meta, prediction.persons
-    return draw_pose(prediction.image, persons, meta, options["threshold"], options["show_boxes"])
+    return draw_pose(prediction.image, persons, meta, options.threshold, options.show_boxes)
 
 
-def draw_controlnet(prediction: PosePrediction, options: Options) -> np.ndarray:
+def draw_controlnet(prediction: PosePrediction, options: PoseOptions) -> np.ndarray:
     """OpenPose's drawing on black at the photo's size, for ControlNet; black alone for a model whose
     keypoints are not the 308 (a fine-tuned one)."""
     if not convertible("openpose", prediction.keypoint_names):
         return np.zeros((*prediction.image_size, 3), dtype=np.uint8)
     return openpose_picture(
-        prediction.image_size, prediction.persons, prediction.keypoint_names, options["threshold"]
+        prediction.image_size, prediction.persons, prediction.keypoint_names, options.threshold
     )
 
 
 def _chosen_format(name: str):
-    return lambda options: name in options["keypoint_format"]
+    return lambda options: name in options.keypoint_format
 
 
-def _write_pose_json(prediction: PosePrediction, options: Options, directory: Path, stem: str) -> list[Path]:
+def _write_pose_json(prediction: PosePrediction, _: PoseOptions, directory: Path, stem: str) -> list[Path]:
     return write_pose_json(
         directory,
         stem,
@@ -240,14 +243,14 @@ def _write_pose_json(prediction: PosePrediction, options: Options, directory: Pa
 
 
 def _format_writer(name: str):
-    def write(prediction: PosePrediction, options: Options, directory: Path, stem: str) -> list[Path]:
+    def write(prediction: PosePrediction, options: PoseOptions, directory: Path, stem: str) -> list[Path]:
         return write_keypoint_formats(directory, stem, prediction.persons, prediction.keypoint_names, [name])
 
     return write
 
 
-def _write_controlnet(prediction: PosePrediction, options: Options, directory: Path, stem: str) -> list[Path]:
-    return write_picture(directory, stem, CONTROLNET_SUFFIX, draw_controlnet(prediction, options))
+def _write_controlnet(prediction: PosePrediction, options: PoseOptions, out: Path, stem: str) -> list[Path]:
+    return write_picture(out, stem, CONTROLNET_SUFFIX, draw_controlnet(prediction, options))
 
 
 EXPORTS = (
@@ -289,7 +292,9 @@ class FramePoses(FrameLog):
 
     suffix = POSE_FRAMES_SUFFIX
 
-    def __init__(self, options) -> None:
+    options: PoseOptions
+
+    def __init__(self, options: PoseOptions) -> None:
         super().__init__(options)
         self.frames: list[tuple[str, list[Person]]] = []
         self.image_size = (0, 0)
@@ -301,16 +306,16 @@ class FramePoses(FrameLog):
         self.keypoint_names = result.prediction.keypoint_names
 
     @classmethod
-    def format_suffixes(cls, options) -> tuple[str, ...]:
+    def format_suffixes(cls, options: PoseOptions) -> tuple[str, ...]:
         """The keypoint formats chosen other than the 308 points, which the frame log itself holds."""
-        return tuple(VIDEO_FORMAT_SUFFIXES[name] for name in options["keypoint_format"] if name != NATIVE)
+        return tuple(VIDEO_FORMAT_SUFFIXES[name] for name in options.keypoint_format if name != NATIVE)
 
     def write_formats(self, directory: Path, stem: str) -> list[Path]:
-        formats = [name for name in self.options["keypoint_format"] if name != NATIVE]
+        formats = [name for name in self.options.keypoint_format if name != NATIVE]
         return write_frame_keypoint_formats(directory, stem, self.frames, self.keypoint_names, formats)
 
     def write(self, directory: Path, stem: str) -> Path:
-        threshold = self.options["threshold"]
+        threshold = self.options.threshold
         return write_pose_frames_json(
             directory, stem, self.frames, image_size=self.image_size, threshold=threshold
         )[0]

@@ -29,10 +29,10 @@ from sapiens2.outputs.pictures import (
     overlay_segmentation,
     segmentation_legend,
 )
-from sapiens2.outputs.results import Export, Options, Prediction, TaskResult
+from sapiens2.outputs.results import Export, Prediction, TaskOptions, TaskResult
 from sapiens2.pipelines.common import INPUT, forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
-from sapiens2.pipelines.options import Option
+from sapiens2.pipelines.options import option
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import segmentation_labels
 from sapiens2.vision.part_masks import part_mask
@@ -43,10 +43,12 @@ def part_choices(config: Sapiens2Config) -> tuple[str, ...]:
     return (*part_groups(), *class_meta_of(config).names)
 
 
-OPTIONS = (
-    Option("opacity", "Overlay opacity", "slider", 0.6, 0.0, 1.0, 0.05),
-    Option(
-        "parts",
+@dataclass(frozen=True)
+class SegmentOptions(TaskOptions):
+    """Body parts' options."""
+
+    opacity: float = option("Overlay opacity", "slider", 0.6, 0.0, 1.0, 0.05)
+    parts: tuple[str, ...] = option(
         "Parts to mask",
         "choices",
         (WHOLE_PERSON,),
@@ -54,10 +56,18 @@ OPTIONS = (
         model_choices=part_choices,
         help="One mask of all the parts chosen, and the photo cut out by it. Groups: whole person (every "
         "class but Background), face, hands, clothing, skin; a fine-tuned model takes its own class names.",
-    ),
-    Option("grow", "Grow (+) or shrink (-) the mask, pixels", "slider", 0, -100, 100, 1),
-    Option("feather", "Feather the mask's edge, pixels", "slider", 0, 0, 100, 1),
-)
+    )
+    grow: float = option("Grow (+) or shrink (-) the mask, pixels", "slider", 0, -100, 100, 1)
+    feather: float = option("Feather the mask's edge, pixels", "slider", 0, 0, 100, 1)
+
+
+@dataclass(frozen=True)
+class BackgroundOptions(TaskOptions):
+    """The option of the tasks that can leave out the background by the helper body-part model."""
+
+    remove_background: bool = option("Remove background (body-part model)", "checkbox", True)
+
+
 MASK_SUFFIX, CUTOUT_SUFFIX = "_parts_mask", "_parts_cutout"
 HELPER_INPUT = SEG.name  # values key of the helper body-part model's input, for the tasks that mask with it
 
@@ -101,7 +111,8 @@ def _meta_for(names: tuple[str, ...]) -> BodyPartMeta:
 
 
 def _masking(context: PipelineContext) -> bool:
-    return bool(context.options.get(context.task.helper_option))
+    options = context.options
+    return isinstance(options, BackgroundOptions) and options.remove_background
 
 
 def _helper_repo_id(context: PipelineContext) -> str | None:
@@ -152,9 +163,9 @@ def chosen_class_ids(names: Sequence[str], meta: BodyPartMeta) -> tuple[int, ...
     return tuple(sorted(ids))
 
 
-def _parts(context: PipelineContext, photos: Sequence[Photo]) -> None:
+def _parts(context: PipelineContext[SegmentOptions], photos: Sequence[Photo]) -> None:
     """The chosen parts as class ids, checked against the model's names before any model runs."""
-    ids = chosen_class_ids(context.options["parts"], class_meta(context))
+    ids = chosen_class_ids(context.options.parts, class_meta(context))
     for photo in photos:
         photo.values["part_ids"] = ids
 
@@ -164,8 +175,8 @@ def _labels(context: PipelineContext, photos: Sequence[Photo]) -> None:
         photo.values["labels"] = labels
 
 
-def _mask_line(options: dict, mask: np.ndarray) -> str:
-    parts = ", ".join(options["parts"]) or "no parts"
+def _mask_line(options: SegmentOptions, mask: np.ndarray) -> str:
+    parts = ", ".join(options.parts) or "no parts"
     return f"Mask of {parts}: {float(mask.mean()) / 255:.0%} of the photo."
 
 
@@ -179,37 +190,37 @@ class SegmentationPrediction(Prediction):
     meta: BodyPartMeta = field(repr=False)
 
 
-def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+def _finish(context: PipelineContext[SegmentOptions], photo: Photo) -> TaskResult:
     seg, meta, options = photo.values["labels"], class_meta(context), context.options
-    mask = part_mask(seg, photo.values["part_ids"], options["grow"], options["feather"])
+    mask = part_mask(seg, photo.values["part_ids"], options.grow, options.feather)
     present = int((label_counts(seg, len(meta.names))[1:] > 0).sum())
     found = f"{present} body-part classes found." if present else "No person pixels found."
     return TaskResult(
         task=context.task.name,
         model_id=context.model_name,
         prediction=SegmentationPrediction(photo.image.rgb, context.model_name, seg, mask, meta),
-        options=dict(options),
+        options=options,
         summary=f"{found} {_mask_line(options, mask)}",
     )
 
 
-def draw_overlay(prediction: SegmentationPrediction, options: Options) -> np.ndarray:
+def draw_overlay(prediction: SegmentationPrediction, options: SegmentOptions) -> np.ndarray:
     """The parts in their colours over the photo."""
     palette = prediction.meta.palette
-    return overlay_segmentation(prediction.image, prediction.labels, palette, options["opacity"])
+    return overlay_segmentation(prediction.image, prediction.labels, palette, options.opacity)
 
 
-def draw_legend(prediction: SegmentationPrediction, options: Options) -> np.ndarray:
+def draw_legend(prediction: SegmentationPrediction, options: SegmentOptions) -> np.ndarray:
     """The colours of the parts found, with their names."""
     return segmentation_legend(prediction.labels, prediction.meta)
 
 
-def draw_mask(prediction: SegmentationPrediction, options: Options) -> np.ndarray:
+def draw_mask(prediction: SegmentationPrediction, options: SegmentOptions) -> np.ndarray:
     """The chosen parts' mask, white on black."""
     return alpha_picture(prediction.mask)
 
 
-def draw_cutout(prediction: SegmentationPrediction, options: Options) -> np.ndarray:
+def draw_cutout(prediction: SegmentationPrediction, options: SegmentOptions) -> np.ndarray:
     """The photo cut out by the mask, on a checkerboard."""
     return cutout_on_checkerboard(prediction.image, prediction.mask)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
 
-from sapiens2.outputs.results import Timings
+from sapiens2.outputs.results import TaskOptions, Timings
 from sapiens2.pipelines.context import ModelHost, PipelineContext
 from sapiens2.pipelines.steps import Photo, detached
 from sapiens2.progress import Progress
@@ -48,7 +48,7 @@ class DeviceWork:
 
     task: str
     repo_id: str
-    options: dict[str, Any]
+    options: TaskOptions  # the task's own, checked
     first_step: int
     photos: list[Photo]
     progress: Progress | None = None

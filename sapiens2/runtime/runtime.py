@@ -145,7 +145,7 @@ class Runtime:
             self.host,
             entry,
             model or entry.repo_id(size),
-            entry.coerce_options(options, self.device),
+            entry.checked_options(options, self.device),
             progress,
             name=model_name if model else None,
         )
@@ -153,7 +153,7 @@ class Runtime:
         photos = pipeline.started(context, loaded, given)
         first = pipeline.first_model_step
         if first < len(pipeline.steps):
-            work = DeviceWork(entry.name, context.repo_id, dict(context.options), first, photos, progress)
+            work = DeviceWork(entry.name, context.repo_id, context.options, first, photos, progress)
             self.run_on_device(work).applied_to(photos, context)
         results = pipeline.finished_all(context, photos)
         for operation in sorted(self.cpu_fallbacks):

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sapiens2.outputs.results import Export, Pictures, Prediction, TaskResult
+from sapiens2.outputs.results import Export, Pictures, Prediction, TaskOptions, TaskResult
 from sapiens2.tasks.registry import TASKS, Task, get_task
 
 
@@ -17,11 +17,11 @@ def _entry(task: str | Task) -> Task:
 def draw(
     task: str | Task,
     prediction: Prediction,
-    options: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | TaskOptions | None = None,
     titles: Iterable[str] | None = None,
 ) -> Pictures:
     """The task's pictures of `prediction` (title, uint8 RGB at the photo's size) in the registry's order,
-    only those of `titles` (None: all); `options`: the task's options by name (missing ones: defaults)."""
+    only those of `titles` (None: all); `options`: the task's options, or by name (missing ones: defaults)."""
     entry = _entry(task)
     options = entry.own_options(options or {})
     wanted = None if titles is None else set(titles)
@@ -38,9 +38,9 @@ def export(
     kinds: Iterable[str] | None,
     folder: str | Path,
     stem: str,
-    options: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | TaskOptions | None = None,
 ) -> list[Path]:
-    """Write the files of `prediction` that the task's `options` (by name; missing ones take their
+    """Write the files of `prediction` that the task's `options` (or by name: missing ones take their
     defaults) choose, of the file types `kinds` ("json", "png", ...; None: every type), into `folder`,
     each named `stem` + its export's suffix; returns their paths. Every file or none: those written before
     a failure (a full disk) are removed."""
@@ -50,7 +50,7 @@ def export(
 
 
 def write_exports(
-    exports: Sequence[Export], prediction: Prediction, options: Mapping[str, Any], folder: Path, stem: str
+    exports: Sequence[Export], prediction: Prediction, options: TaskOptions, folder: Path, stem: str
 ) -> list[Path]:
     """Write `exports` of `prediction` into `folder` (see `export`); each file's name is checked against its
     export's suffix, so a task's declared files are the files it writes."""

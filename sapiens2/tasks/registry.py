@@ -11,7 +11,8 @@ import torch
 
 from sapiens2.errors import RequestError
 from sapiens2.models.kinds import MATTING, NORMAL, POINTMAP, POSE, PRETRAIN, SEG, ModelKind
-from sapiens2.pipelines.options import Option, shown
+from sapiens2.outputs.results import TaskOptions
+from sapiens2.pipelines.options import Option, checked, coerced, declared, shown
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,7 +57,8 @@ class Task:
     description: str
     kind: ModelKind
     default_size: str
-    options: tuple[Option, ...]
+    # Its options as one typed class (a field per option): what its pipeline, pictures and exports read.
+    options_type: type[TaskOptions]
     pictures: tuple[Picture, ...]
     # The files it may write from a prediction: "_pose.json", "_points.ply", ..., each with its writer.
     exports: tuple[Export, ...]
@@ -75,6 +77,11 @@ class Task:
     view: Callable[[Prediction, Path, str], Path] | None = None
     # For tables of results (one row per photo): the prediction as named numbers and arrays.
     columns: Callable[[TaskResult], Mapping[str, Any]] | None = None
+
+    @property
+    def options(self) -> tuple[Option, ...]:
+        """The options its `options_type` declares, in order: the app's controls, the command line's flags."""
+        return declared(self.options_type)
 
     @property
     def repos(self) -> dict[str, str]:
@@ -96,10 +103,11 @@ class Task:
         return tuple(dict.fromkeys(export.kind for export in self.exports))
 
     def chosen_exports(
-        self, values: Mapping[str, Any], kinds: Iterable[str] | None = None
+        self, values: Mapping[str, Any] | TaskOptions, kinds: Iterable[str] | None = None
     ) -> tuple[Export, ...]:
-        """The exports a run with the option `values` writes (given by name; options of other tasks are left
-        out, the missing ones take their defaults), of the file types `kinds` (None: every type)."""
+        """The exports a run with the option `values` writes (its options, or given by name: options of other
+        tasks are left out, the missing ones take their defaults), of the file types `kinds` (None: every
+        type)."""
         options = self.own_options(values)
         kinds = None if kinds is None else set(kinds)
         return tuple(
@@ -108,15 +116,21 @@ class Task:
             if export.wanted(options) and (kinds is None or export.kind in kinds)
         )
 
-    def exports_for(self, values: Mapping[str, Any], kinds: Iterable[str] | None = None) -> tuple[str, ...]:
+    def exports_for(
+        self, values: Mapping[str, Any] | TaskOptions, kinds: Iterable[str] | None = None
+    ) -> tuple[str, ...]:
         """The suffixes of `chosen_exports`."""
         return tuple(export.suffix for export in self.chosen_exports(values, kinds))
 
-    def own_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """This task's options from `values`, which may name other tasks' options too (left out) and hold
-        None for an option not given (its default)."""
+    def own_options(self, values: Mapping[str, Any] | TaskOptions) -> TaskOptions:
+        """This task's options: `values` when they are already, else from `values` by name, which may name
+        other tasks' options too (left out) and hold None for an option not given (its default)."""
+        if isinstance(values, self.options_type):
+            return values
+        if isinstance(values, TaskOptions):
+            values = values.by_name()
         names = {option.name for option in self.options}
-        return self.coerce_options({k: v for k, v in values.items() if k in names and v is not None})
+        return self.checked_options({k: v for k, v in values.items() if k in names and v is not None})
 
     def repo_id(self, size: str | None) -> str:
         """The checkpoint for `size` (default: the task's default size); unknown sizes are refused."""
@@ -137,10 +151,14 @@ class Task:
         """The task's options with the defaults that depend on the device settled for `device`."""
         return tuple(option.on_device(device) for option in self.options)
 
+    def checked_options(self, values: Mapping[str, Any], device: torch.device | str = "cpu") -> TaskOptions:
+        """The task's options (its `options_type`), from `values` by name where given, else each default for
+        models running on `device` (the CPU unless given); unknown names refused."""
+        return checked(self.options_type, self.title, values, device)
+
     def coerce_options(self, values: Mapping[str, Any], device: torch.device | str = "cpu") -> dict[str, Any]:
-        """Every option of the task, from `values` where given, else its default for models running on
-        `device` (the CPU unless given); unknown names refused."""
-        return _coerced(self.title, self.options_on(device), values)
+        """`checked_options` by name."""
+        return self.checked_options(values, device).by_name()
 
     def coerce_video_options(
         self, values: Mapping[str, Any], device: torch.device | str = "cpu"
@@ -148,7 +166,7 @@ class Task:
         """The task's options and its video options, each from `values` (which may hold both) where given,
         else their defaults; unknown names refused."""
         videos = tuple(option.on_device(device) for option in self.video_options)
-        every = _coerced(self.title, (*self.options_on(device), *videos), values)
+        every = coerced(self.title, (*self.options_on(device), *videos), values)
         # A task option offered for videos too (pose's keypoint files) stays a task option.
         plain_names = {option.name for option in self.options}
         plain = {name: value for name, value in every.items() if name in plain_names}
@@ -186,16 +204,6 @@ class Task:
         if official is None:
             return "an unknown amount"
         return f"{parameter_count(*official) * 4 / 1e9:.1f} GB"
-
-
-def _coerced(title: str, options: Sequence[Option], values: Mapping[str, Any]) -> dict[str, Any]:
-    """Every one of `options`, from `values` where given, else its default; names not among them refused."""
-    known = {option.name: option for option in options}
-    unknown = sorted(map(str, set(values) - set(known)))
-    if unknown:
-        names = ", ".join(shown(name) for name in unknown)
-        raise RequestError(f"{title} has no option {names}; it takes {', '.join(known)}.")
-    return {name: option.coerce(values.get(name)) for name, option in known.items()}
 
 
 @functools.cache
@@ -249,7 +257,6 @@ def _build_registry() -> dict[str, Task]:
         segment,
     )
 
-    background = Option("remove_background", "Remove background (body-part model)", "checkbox", True)
     tasks = [
         Task(
             "pose",
@@ -257,7 +264,7 @@ def _build_registry() -> dict[str, Task]:
             "308 keypoints per person: body, face and hands, on top of a person detector.",
             POSE,
             "0.4b",
-            pose.OPTIONS,
+            pose.PoseOptions,
             (
                 Picture("Keypoints", "_pose", pose.draw_keypoints),
                 Picture(
@@ -275,7 +282,7 @@ def _build_registry() -> dict[str, Task]:
             video_options=(
                 *pose_tracking.VIDEO_OPTIONS,
                 pose_motion.MOTION,
-                _option(pose.OPTIONS, "keypoint_format"),
+                _option(declared(pose.PoseOptions), "keypoint_format"),
             ),
             frame_follower=pose_tracking.PoseTracker,
             columns=pose.columns,
@@ -286,7 +293,7 @@ def _build_registry() -> dict[str, Task]:
             "29 body-part classes for every pixel.",
             SEG,
             "0.4b",
-            segment.OPTIONS,
+            segment.SegmentOptions,
             (
                 Picture("Body parts", "_segmentation_overlay", segment.draw_overlay),
                 Picture("Legend", "_segmentation_legend", segment.draw_legend),
@@ -308,7 +315,7 @@ def _build_registry() -> dict[str, Task]:
             "Surface normals of the people in the photo.",
             NORMAL,
             "0.4b",
-            (background,),
+            segment.BackgroundOptions,
             (Picture("Normals", "_normals", normals.draw),),
             normals.EXPORTS,
             normals.PIPELINE,
@@ -321,7 +328,7 @@ def _build_registry() -> dict[str, Task]:
             "Per-pixel 3D points (pointmap), shown as depth and as a mesh; the camera they imply.",
             POINTMAP,
             "0.4b",
-            (background, *depth.OPTIONS),
+            depth.DepthOptions,
             (Picture("Depth", "_depth", depth.draw),),
             depth.EXPORTS,
             depth.PIPELINE,
@@ -336,7 +343,7 @@ def _build_registry() -> dict[str, Task]:
             "Alpha matte and foreground colours: cut people out of the photo.",
             MATTING,
             "1b",
-            matting.OPTIONS,
+            matting.MattingOptions,
             (
                 Picture("Alpha", ALPHA, matting.draw_alpha, same_as=f"{ALPHA}.png"),
                 Picture("Cut-out", "_cutout_on_checkerboard", matting.draw_cutout, same_as=f"{CUTOUT}.png"),
@@ -355,7 +362,7 @@ def _build_registry() -> dict[str, Task]:
             "RAM and minutes per photo.",
             PRETRAIN,
             "0.1b",
-            (),
+            TaskOptions,
             (Picture("Features (PCA)", "_features_pca", features.draw),),
             features.EXPORTS,
             features.PIPELINE,

@@ -278,7 +278,7 @@ def _run(request: BatchRequest, out: Place) -> int:
         job = Job(
             task=task.name,
             repo_id=_local_path(request.model) or task.repo_id(task.size_or_default(request.size)),
-            options=task.coerce_options(request.task_options(task), option_device),
+            options=task.checked_options(request.task_options(task), option_device),
             plan=plan,
             out=out,
             filesystems=tuple(filesystems),

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from sapiens2.batch.cluster.tables import RECORD, failure, packed, unpacked
 from sapiens2.batch.plan import Plan
 from sapiens2.batch.report import TASK_ERRORS, reason
 from sapiens2.batch.retry import each_alone_on_failure
-from sapiens2.outputs.results import TaskResult
+from sapiens2.outputs.results import TaskOptions, TaskResult
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.steps import Photo, Step
 from sapiens2.runtime.boundary import DeviceWork
@@ -40,7 +40,7 @@ class Job:
 
     task: str
     repo_id: str
-    options: Mapping[str, Any]
+    options: TaskOptions  # the task's own, checked
     plan: Plan
     out: Place
     filesystems: tuple[pafs.FileSystem, ...]  # the inputs' filesystems; a row names its own by index
@@ -200,7 +200,7 @@ class ModelStage:
             dataclasses.replace(photo, values=dict(photo.values), seconds=dict(photo.seconds))
             for photo in photos
         ]
-        work = DeviceWork(job.task, job.repo_id, dict(job.options), self.first, attempt, stop=self.stop)
+        work = DeviceWork(job.task, job.repo_id, job.options, self.first, attempt, stop=self.stop)
         outcome = self.host.run_work(work, portable=True)
         if outcome.error is not None:
             raise outcome.error
