@@ -4,43 +4,56 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
 from sapiens2.models.kinds import ModelKind
 from sapiens2.pipelines.context import PipelineContext
-from sapiens2.pipelines.steps import Photo, Step
+from sapiens2.pipelines.steps import Photo, Step, StepValues
 from sapiens2.vision.processing import image_to_tensor, normalize, resize_image
 
-INPUT = "input"  # values key of the task model's input; a helper model's input is under its kind's name
+InputName = Literal["input", "helper_input"]
+INPUT: InputName = "input"  # the task model's input; the helper body-part model's is "helper_input"
 
 
-def resize_step(name: str = INPUT, repo_id: str | None = None, kind: ModelKind | None = None) -> Step:
-    """A CPU step putting each photo resized (and padded) for `repo_id`'s model (default: the task's) under
-    values[name], as uint8 (1, 3, H, W): four times smaller than the float input it becomes."""
+@dataclass
+class ModelInputs(StepValues):
+    """What the whole-photo tasks' resize steps leave: the photo resized (and padded) for the task's model
+    (`input`) and for its helper model (`helper_input`), uint8 (1, 3, H, W), until a forward takes it."""
 
-    def run(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    input: torch.Tensor | None = None
+    helper_input: torch.Tensor | None = None
+
+
+def resize_step(name: InputName = INPUT, repo_id: str | None = None, kind: ModelKind | None = None) -> Step:
+    """A CPU step putting each photo resized (and padded) for `repo_id`'s model (default: the task's) in its
+    values' `name` field, as uint8 (1, 3, H, W): four times smaller than the float input it becomes."""
+
+    def run(context: PipelineContext, photos: Sequence[Photo[ModelInputs]]) -> None:
         settings = context.settings(repo_id, kind)
         for photo in photos:
-            photo.values[name] = resize_image(image_to_tensor(photo.image.model_rgb), settings)
+            setattr(photo.values, name, resize_image(image_to_tensor(photo.image.model_rgb), settings))
 
     return Step(f"resize_{name}", run)
 
 
 def forward_inputs(
     context: PipelineContext,
-    photos: Sequence[Photo],
-    name: str = INPUT,
+    photos: Sequence[Photo[ModelInputs]],
+    name: InputName = INPUT,
     repo_id: str | None = None,
     kind: ModelKind | None = None,
     stage: str = "running the model",
 ) -> Any:
-    """The output dataclass of `repo_id`'s model (default: the task's) for the photos' values[name], the
-    forward reported as `stage`."""
+    """The output dataclass of `repo_id`'s model (default: the task's) for the photos' input `name` (taken
+    from their values), the forward reported as `stage`."""
     model = context.model(repo_id)
     settings = context.settings(repo_id, kind)
-    pixels = torch.cat([photo.values.pop(name) for photo in photos])
+    pixels = torch.cat([getattr(photo.values, name) for photo in photos])
+    for photo in photos:
+        setattr(photo.values, name, None)
     context.stage(stage)
     return context.forward(model, normalize(pixels, settings))
 

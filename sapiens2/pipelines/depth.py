@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from sapiens2.outputs.exports import (
 from sapiens2.outputs.mesh import step_for_bytes
 from sapiens2.outputs.pictures import depth_picture
 from sapiens2.outputs.results import Export, Prediction, TaskResult
-from sapiens2.pipelines.common import forward_inputs, resize_step, row
+from sapiens2.pipelines.common import ModelInputs, forward_inputs, resize_step, row
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import option
 from sapiens2.pipelines.segment import BackgroundOptions, background_masks, helper_resize_step
@@ -97,14 +98,23 @@ def _pixels(value: float) -> str:
     return f"{value:.1f}".replace("-0.0", "0.0") if abs(value) < 0.05 else f"{value:.1f}"
 
 
-def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
+@dataclass
+class DepthValues(ModelInputs):
+    """What depth's model step leaves: the model's output for the photo (its pointmap and scale, batched by
+    one) and the background mask, if asked."""
+
+    pointmap: Any = None
+    mask: np.ndarray | None = None
+
+
+def _forward(context: PipelineContext, photos: Sequence[Photo[DepthValues]]) -> None:
     outputs = forward_inputs(context, photos)
     for index, (photo, mask) in enumerate(zip(photos, background_masks(context, photos), strict=True)):
-        photo.values["pointmap"], photo.values["mask"] = row(outputs, index), mask
+        photo.values.pointmap, photo.values.mask = row(outputs, index), mask
 
 
-def _finish(context: PipelineContext[DepthOptions], photo: Photo) -> TaskResult:
-    image, output = photo.image, photo.values["pointmap"]
+def _finish(context: PipelineContext[DepthOptions], photo: Photo[DepthValues]) -> TaskResult:
+    image, output = photo.image, photo.values.pointmap
     pointmap = pointmap_to_image(
         output.pointmaps,
         output.scales,
@@ -116,7 +126,7 @@ def _finish(context: PipelineContext[DepthOptions], photo: Photo) -> TaskResult:
     planes = pointmap[0].detach().cpu()  # x, y and z, each contiguous: the checks below read them fastest
     points = np.ascontiguousarray(to_hwc(planes))
     planes = planes.numpy()
-    mask = photo.values["mask"]
+    mask = photo.values.mask
     foreground = np.ones(image.original_size, dtype=bool) if mask is None else ~mask
     usable = points_in_front(planes, foreground)  # checked once for the camera and the mesh
     camera = fit_intrinsics(points, usable)
@@ -167,5 +177,5 @@ EXPORTS: tuple[Export[DepthPrediction], ...] = (
 
 
 PIPELINE = Pipeline(
-    (resize_step(), helper_resize_step(), Step("forward", _forward, uses_model=True)), _finish
+    (resize_step(), helper_resize_step(), Step("forward", _forward, uses_model=True)), _finish, DepthValues
 )

@@ -10,17 +10,25 @@ import numpy as np
 from sapiens2.outputs.exports import CLS_NPY, PATCHES_NPY, write_cls, write_patches
 from sapiens2.outputs.pictures import pca_picture
 from sapiens2.outputs.results import Export, Prediction, TaskOptions, TaskResult
-from sapiens2.pipelines.common import forward_inputs, resize_step
+from sapiens2.pipelines.common import ModelInputs, forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 
 
-def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
+@dataclass
+class FeaturesValues(ModelInputs):
+    """What the backbone's step leaves: the CLS embedding (C,) and the patch features (C, h, w)."""
+
+    cls: np.ndarray | None = None
+    patches: np.ndarray | None = None
+
+
+def _forward(context: PipelineContext, photos: Sequence[Photo[FeaturesValues]]) -> None:
     tokens = forward_inputs(context, photos).last_hidden_state
     rows, columns = context.model().config.token_grid(context.settings().size)
     for index, photo in enumerate(photos):
-        photo.values["cls"] = tokens[index, 0].cpu().numpy()
-        photo.values["patches"] = tokens[index, -rows * columns :].T.reshape(-1, rows, columns).cpu().numpy()
+        photo.values.cls = tokens[index, 0].cpu().numpy()
+        photo.values.patches = tokens[index, -rows * columns :].T.reshape(-1, rows, columns).cpu().numpy()
 
 
 @dataclass
@@ -32,8 +40,8 @@ class FeaturesPrediction(Prediction):
     features: np.ndarray
 
 
-def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
-    cls, patches = photo.values["cls"], photo.values["patches"]
+def _finish(context: PipelineContext, photo: Photo[FeaturesValues]) -> TaskResult:
+    cls, patches = photo.values.cls, photo.values.patches
     _, rows, columns = patches.shape
     return TaskResult(
         task=context.task.name,
@@ -60,4 +68,4 @@ def columns(result: TaskResult) -> dict[str, np.ndarray]:
     return {"cls": result.prediction.embedding.astype(np.float32)}
 
 
-PIPELINE = Pipeline((resize_step(), Step("forward", _forward, uses_model=True)), _finish)
+PIPELINE = Pipeline((resize_step(), Step("forward", _forward, uses_model=True)), _finish, FeaturesValues)

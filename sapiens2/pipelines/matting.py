@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from sapiens2.outputs.exports import ALPHA, CUTOUT, write_alpha, write_picture, write_rgba
 from sapiens2.outputs.pictures import alpha_picture, cutout_on_checkerboard
 from sapiens2.outputs.results import Export, Prediction, TaskOptions, TaskResult
-from sapiens2.pipelines.common import forward_inputs, resize_step
+from sapiens2.pipelines.common import ModelInputs, forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import option
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
@@ -54,17 +55,25 @@ class MattingPrediction(Prediction):
         return alpha_to_uint8(self.alpha)
 
 
-def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
+@dataclass
+class MattingValues(ModelInputs):
+    """What matting's model step leaves: the model's foreground (1, 3, h, w) and alpha (1, 1, h, w)."""
+
+    foreground: torch.Tensor | None = None
+    alpha: torch.Tensor | None = None
+
+
+def _forward(context: PipelineContext, photos: Sequence[Photo[MattingValues]]) -> None:
     outputs = forward_inputs(context, photos)
     for index, photo in enumerate(photos):
         part = slice(index, index + 1)
-        photo.values["foreground"], photo.values["alpha"] = outputs.foregrounds[part], outputs.alphas[part]
+        photo.values.foreground, photo.values.alpha = outputs.foregrounds[part], outputs.alphas[part]
 
 
-def _finish(context: PipelineContext[MattingOptions], photo: Photo) -> TaskResult:
+def _finish(context: PipelineContext[MattingOptions], photo: Photo[MattingValues]) -> TaskResult:
     image = photo.image
     foreground, alpha = matting_to_image(
-        photo.values["foreground"], photo.values["alpha"], image.original_size
+        photo.values.foreground, photo.values.alpha, image.original_size
     )
     blended = to_hwc(composite(foreground, alpha, _background(context.options))[0])
     matte = to_hwc(alpha[0, 0])
@@ -99,4 +108,4 @@ EXPORTS: tuple[Export[MattingPrediction], ...] = (
 )
 
 
-PIPELINE = Pipeline((resize_step(), Step("forward", _forward, uses_model=True)), _finish)
+PIPELINE = Pipeline((resize_step(), Step("forward", _forward, uses_model=True)), _finish, MattingValues)

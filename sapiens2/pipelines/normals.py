@@ -6,21 +6,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from sapiens2.outputs.exports import NORMALS_NPY, NORMALS_PNG, write_normals, write_normals_png
 from sapiens2.outputs.pictures import normals_picture
 from sapiens2.outputs.results import Export, Prediction, TaskResult
-from sapiens2.pipelines.common import forward_inputs, resize_step
+from sapiens2.pipelines.common import ModelInputs, forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.segment import BackgroundOptions, background_masks, helper_resize_step
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
 from sapiens2.vision.dense import normals_to_image, to_hwc, unit_vectors_
 
 
-def _forward(context: PipelineContext, photos: Sequence[Photo]) -> None:
+@dataclass
+class NormalsValues(ModelInputs):
+    """What normals' model step leaves: the model's normals (1, 3, h, w) and the background mask, if asked."""
+
+    normals: torch.Tensor | None = None
+    mask: np.ndarray | None = None
+
+
+def _forward(context: PipelineContext, photos: Sequence[Photo[NormalsValues]]) -> None:
     normals = forward_inputs(context, photos).normals
     for index, (photo, mask) in enumerate(zip(photos, background_masks(context, photos), strict=True)):
-        photo.values["normals"], photo.values["mask"] = normals[index : index + 1], mask
+        photo.values.normals, photo.values.mask = normals[index : index + 1], mask
 
 
 @dataclass
@@ -32,13 +41,13 @@ class NormalsPrediction(Prediction):
     background: np.ndarray | None = None
 
 
-def _finish(context: PipelineContext, photo: Photo) -> TaskResult:
+def _finish(context: PipelineContext, photo: Photo[NormalsValues]) -> TaskResult:
     image, settings = photo.image, context.settings()
     # The reference normalizes before resizing, so interpolated pixels fall short of unit length;
     # normalizing again keeps its directions and makes every exported normal a unit vector.
-    resized = normals_to_image(photo.values["normals"], image.model_size, settings, image.original_size)
+    resized = normals_to_image(photo.values.normals, image.model_size, settings, image.original_size)
     unit = unit_vectors_(to_hwc(resized[0]))
-    background = photo.values["mask"]
+    background = photo.values.mask
     shown = unit.shape[0] * unit.shape[1] - (0 if background is None else int(background.sum()))
     return TaskResult(
         task=context.task.name,
@@ -69,5 +78,5 @@ SIXTEEN_BIT_HINT = (
 
 
 PIPELINE = Pipeline(
-    (resize_step(), helper_resize_step(), Step("forward", _forward, uses_model=True)), _finish
+    (resize_step(), helper_resize_step(), Step("forward", _forward, uses_model=True)), _finish, NormalsValues
 )

@@ -30,7 +30,7 @@ from sapiens2.outputs.pictures import draw_pose
 from sapiens2.outputs.results import Export, FrameLog, Prediction, TaskOptions, TaskResult
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import ByDevice, option
-from sapiens2.pipelines.steps import Photo, Pipeline, Step
+from sapiens2.pipelines.steps import Photo, Pipeline, Step, StepValues
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.images import LoadedImage
 from sapiens2.vision.keypoint_formats import FORMAT_NAMES, NATIVE, convertible
@@ -147,54 +147,68 @@ def _summary(detections: Detections) -> tuple[str, list[str]]:
     return f"{count} person{'s' if count != 1 else ''} found.", notes
 
 
-def _detect(context: PipelineContext[PoseOptions], photos: Sequence[Photo]) -> None:
+@dataclass
+class PoseValues(StepValues):
+    """What pose's steps leave: boxes given to the photo (in photo pixels, replacing the detector's), the
+    detections (model-side pixels), the person crops, then each person's keypoints and their scores."""
+
+    given_boxes: Detections | None = None
+    detections: Detections | None = None
+    crops: torch.Tensor | None = None
+    keypoints: np.ndarray | None = None
+    scores: np.ndarray | None = None
+
+
+def _detect(context: PipelineContext[PoseOptions], photos: Sequence[Photo[PoseValues]]) -> None:
     """The detector's boxes of each photo, except for a photo given its boxes (in photo pixels: a video
     frame between detections, boxed around the persons of the frame before)."""
-    if any("given_boxes" not in photo.values for photo in photos):
+    if any(photo.values.given_boxes is None for photo in photos):
         context.stage("detecting persons")
     for photo in photos:
-        given = photo.values.pop("given_boxes", None)
+        given, photo.values.given_boxes = photo.values.given_boxes, None
         if given is None:
-            photo.values["detections"] = context.host.detect(photo.image)
+            photo.values.detections = context.host.detect(photo.image)
         else:
             boxes = given.boxes_xywh * np.float32(photo.image.scale)
-            photo.values["detections"] = dataclasses.replace(given, boxes_xywh=boxes)
+            photo.values.detections = dataclasses.replace(given, boxes_xywh=boxes)
 
 
-def _crop(context: PipelineContext[PoseOptions], photos: Sequence[Photo]) -> None:
+def _crop(context: PipelineContext[PoseOptions], photos: Sequence[Photo[PoseValues]]) -> None:
     settings = context.settings()
     for photo in photos:
-        found = photo.values["detections"]
-        photo.values["crops"] = crop_persons(photo.image.model_rgb, found.boxes_xywh, settings)
+        found = photo.values.detections
+        photo.values.crops = crop_persons(photo.image.model_rgb, found.boxes_xywh, settings)
 
 
-def _keypoints(context: PipelineContext[PoseOptions], photos: Sequence[Photo]) -> None:
+def _keypoints(context: PipelineContext[PoseOptions], photos: Sequence[Photo[PoseValues]]) -> None:
     """Heatmaps of every person crop of the batch, decoded into each photo's keypoints and scores."""
     model = context.model()
     meta = keypoint_meta(model.config)
-    crops = torch.cat([photo.values.pop("crops") for photo in photos])
+    crops = torch.cat([photo.values.crops for photo in photos])
+    for photo in photos:
+        photo.values.crops = None
     context.stage(f"running the model on {len(crops)} person{'s' * (len(crops) != 1)}")
     heatmaps = context.forward(model, crops).heatmaps
     flipped = None
     if context.options.flip_test:
         flipped = context.forward(model, crops.flip(-1), flip_pairs=_flip_pairs(model, meta)).heatmaps
-    starts = np.cumsum([0] + [len(photo.values["detections"]) for photo in photos]).tolist()
+    starts = np.cumsum([0] + [len(photo.values.detections) for photo in photos]).tolist()
     size = context.settings().size
     for index, photo in enumerate(photos):
         people = slice(starts[index], starts[index + 1])
         keypoints, scores = decode_keypoints(
             heatmaps[people],
-            photo.values["detections"].boxes_xywh,
+            photo.values.detections.boxes_xywh,
             size,
             None if flipped is None else flipped[people],
         )
-        photo.values["keypoints"], photo.values["scores"] = keypoints.cpu().numpy(), scores.cpu().numpy()
+        photo.values.keypoints, photo.values.scores = keypoints.cpu().numpy(), scores.cpu().numpy()
 
 
-def _finish(context: PipelineContext[PoseOptions], photo: Photo) -> TaskResult:
+def _finish(context: PipelineContext[PoseOptions], photo: Photo[PoseValues]) -> TaskResult:
     # The metadata from the checkpoint's config: a CPU worker of a cluster reads it without the weights.
-    image, found, meta = photo.image, photo.values["detections"], keypoint_meta(context.config())
-    persons = _in_photo_pixels(image, found, photo.values["keypoints"], photo.values["scores"])
+    image, found, meta = photo.image, photo.values.detections, keypoint_meta(context.config())
+    persons = _in_photo_pixels(image, found, photo.values.keypoints, photo.values.scores)
     prediction = PosePrediction(image.rgb, context.model_name, persons, found, meta.names, meta)
     summary, notes = _summary(found)
     if not convertible("openpose", meta.names):
@@ -267,6 +281,7 @@ PIPELINE = Pipeline(
         Step("keypoints", _keypoints, uses_model=True),
     ),
     _finish,
+    PoseValues,
 )
 
 

@@ -30,7 +30,7 @@ from sapiens2.outputs.pictures import (
     segmentation_legend,
 )
 from sapiens2.outputs.results import Export, Prediction, TaskOptions, TaskResult
-from sapiens2.pipelines.common import INPUT, forward_inputs, resize_step
+from sapiens2.pipelines.common import INPUT, InputName, ModelInputs, forward_inputs, resize_step
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.options import option
 from sapiens2.pipelines.steps import Photo, Pipeline, Step
@@ -69,13 +69,16 @@ class BackgroundOptions(TaskOptions):
 
 
 MASK_SUFFIX, CUTOUT_SUFFIX = "_parts_mask", "_parts_cutout"
-HELPER_INPUT = SEG.name  # values key of the helper body-part model's input, for the tasks that mask with it
+HELPER_INPUT: InputName = "helper_input"  # the helper body-part model's input, for the tasks masking with it
 
 
 def body_part_labels(
-    context: PipelineContext, photos: Sequence[Photo], name: str = INPUT, repo_id: str | None = None
+    context: PipelineContext,
+    photos: Sequence[Photo[ModelInputs]],
+    name: InputName = INPUT,
+    repo_id: str | None = None,
 ) -> list[np.ndarray]:
-    """Class ids (H, W) uint8 at each photo's original size from values[name], by `repo_id`'s body-part
+    """Class ids (H, W) uint8 at each photo's original size from its input `name`, by `repo_id`'s body-part
     model (default: the task's)."""
     stage = "running the model" if repo_id is None else "running the body-part model"
     logits = forward_inputs(context, photos, name, repo_id, SEG, stage).logits
@@ -127,7 +130,7 @@ def helper_resize_step() -> Step:
         if _masking(context):
             resize_step(HELPER_INPUT, _helper_repo_id(context), SEG).run(context, photos)
 
-    return Step(f"resize_{HELPER_INPUT}", run)
+    return Step(f"resize_{SEG.name}", run)
 
 
 def background_masks(context: PipelineContext, photos: Sequence[Photo]) -> list[np.ndarray | None]:
@@ -163,16 +166,24 @@ def chosen_class_ids(names: Sequence[str], meta: BodyPartMeta) -> tuple[int, ...
     return tuple(sorted(ids))
 
 
-def _parts(context: PipelineContext[SegmentOptions], photos: Sequence[Photo]) -> None:
+@dataclass
+class SegmentValues(ModelInputs):
+    """What body parts' steps leave: the chosen parts' class ids, then each photo's class ids (H, W)."""
+
+    part_ids: tuple[int, ...] | None = None
+    labels: np.ndarray | None = None
+
+
+def _parts(context: PipelineContext[SegmentOptions], photos: Sequence[Photo[SegmentValues]]) -> None:
     """The chosen parts as class ids, checked against the model's names before any model runs."""
     ids = chosen_class_ids(context.options.parts, class_meta(context))
     for photo in photos:
-        photo.values["part_ids"] = ids
+        photo.values.part_ids = ids
 
 
-def _labels(context: PipelineContext, photos: Sequence[Photo]) -> None:
+def _labels(context: PipelineContext, photos: Sequence[Photo[SegmentValues]]) -> None:
     for photo, labels in zip(photos, body_part_labels(context, photos), strict=True):
-        photo.values["labels"] = labels
+        photo.values.labels = labels
 
 
 def _mask_line(options: SegmentOptions, mask: np.ndarray) -> str:
@@ -190,9 +201,9 @@ class SegmentationPrediction(Prediction):
     meta: BodyPartMeta = field(repr=False)
 
 
-def _finish(context: PipelineContext[SegmentOptions], photo: Photo) -> TaskResult:
-    seg, meta, options = photo.values["labels"], class_meta(context), context.options
-    mask = part_mask(seg, photo.values["part_ids"], options.grow, options.feather)
+def _finish(context: PipelineContext[SegmentOptions], photo: Photo[SegmentValues]) -> TaskResult:
+    seg, meta, options = photo.values.labels, class_meta(context), context.options
+    mask = part_mask(seg, photo.values.part_ids, options.grow, options.feather)
     present = int((label_counts(seg, len(meta.names))[1:] > 0).sum())
     found = f"{present} body-part classes found." if present else "No person pixels found."
     return TaskResult(
@@ -245,4 +256,4 @@ def columns(result: TaskResult) -> dict[str, np.ndarray]:
 
 
 STEPS = (Step("parts", _parts), resize_step(), Step("labels", _labels, uses_model=True))
-PIPELINE = Pipeline(STEPS, _finish)
+PIPELINE = Pipeline(STEPS, _finish, SegmentValues)

@@ -1,9 +1,10 @@
 """A task's pipeline as steps that run together in one process or apart on a cluster (`batch.cluster`).
 
-Each step fills the photos' `values` for the next ones: CPU steps (preprocessing, crops) need no model;
-model steps (detection, forwards and the reductions that belong next to the model's outputs) run where
-the models live, on batches. `finish` turns one photo's values into its TaskResult (a typed prediction,
-plain data) on a CPU; pictures and files are drawn and written from it afterwards, when asked.
+Each step fills the photos' `values` (the task's own `StepValues`, a field each) for the next ones: CPU
+steps (preprocessing, crops) need no model; model steps (detection, forwards and the reductions that belong
+next to the model's outputs) run where the models live, on batches. `finish` turns one photo's values into
+its TaskResult (a typed prediction, plain data) on a CPU; pictures and files are drawn and written from it
+afterwards, when asked.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
@@ -23,11 +24,20 @@ Stage = Literal["detection", "model", "decode"]  # the Timings field a step's ti
 
 
 @dataclass
-class Photo:
+class StepValues:
+    """What a task's steps leave for the next ones and for its finish: each task declares its own, one field
+    per value, each None until its step has run."""
+
+
+Values = TypeVar("Values", bound=StepValues)
+
+
+@dataclass
+class Photo(Generic[Values]):
     """One photo on its way through a task's steps: what each step left for the next, and its timings."""
 
     image: LoadedImage
-    values: dict[str, Any] = field(default_factory=dict)
+    values: Values
     timings: Timings = field(default_factory=Timings)
     seconds: dict[str, float] = field(default_factory=dict)  # per step name, this photo's share
 
@@ -73,6 +83,12 @@ class Pipeline:
 
     steps: tuple[Step, ...]
     finish: Finish
+    values: type[StepValues] = StepValues  # what its steps fill in each photo
+
+    def photo(self, image: LoadedImage, given: Mapping[str, Any] | None = None) -> Photo:
+        """`image` ready for the first step; `given`: values it starts with, by field name (pose's
+        `given_boxes`)."""
+        return Photo(image, self.values(**(given or {})))
 
     def run(
         self, context: PipelineContext, images: Sequence[LoadedImage], given: Given | None = None
@@ -88,7 +104,7 @@ class Pipeline:
         """The photos after the steps before the first model step. `given`: values each photo starts with
         (None: none), which the steps may use (pose's given boxes)."""
         given = given or [None] * len(images)
-        photos = [Photo(image, dict(values or {})) for image, values in zip(images, given, strict=True)]
+        photos = [self.photo(image, values) for image, values in zip(images, given, strict=True)]
         self.run_steps(context, photos, 0, self.first_model_step)
         return photos
 

@@ -26,11 +26,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Protocol
+from typing import Protocol
 
 from sapiens2.outputs.results import TaskOptions, Timings
 from sapiens2.pipelines.context import ModelHost, PipelineContext
-from sapiens2.pipelines.steps import Photo, detached
+from sapiens2.pipelines.steps import Photo, StepValues, detached
 from sapiens2.progress import Progress
 from sapiens2.runtime.jobs import Cancelled, Job, running
 from sapiens2.tasks.registry import get_task
@@ -64,7 +64,7 @@ class DeviceWork:
 class PhotoValues:
     """One photo's part of the outcome: what the device steps left for the finish, and their timings."""
 
-    values: dict[str, Any]
+    values: StepValues
     timings: Timings
     seconds: dict[str, float]
 
@@ -109,7 +109,7 @@ def run_device_work(host: DeviceHost, work: DeviceWork, portable: bool = True) -
     try:
         with _cancellation(work.ticket):
             entry.pipeline.run_steps(context, work.photos, work.first_step, work.stop)
-        copied = detached if portable else dict
+        copied = detached if portable else copy.copy
         outcome.photos = [
             PhotoValues(copied(photo.values), photo.timings, dict(photo.seconds)) for photo in work.photos
         ]

@@ -8,6 +8,7 @@ row travels whole, as one packed value.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -130,7 +131,7 @@ def decode_stage(batch: pd.DataFrame, job: Job) -> pd.DataFrame:
             continue
         finally:
             row["decode_s"] = time.perf_counter() - start
-        row["photo"] = Photo(image)
+        row["photo"] = job.entry.pipeline.photo(image)
         if not uses_model:
             _cpu_steps(row, steps, context)
     return _frame(rows)
@@ -197,7 +198,7 @@ class ModelStage:
         """The photos after the group's steps, run by the one device runner (their values on the CPU)."""
         job = self.job
         attempt = [
-            dataclasses.replace(photo, values=dict(photo.values), seconds=dict(photo.seconds))
+            dataclasses.replace(photo, values=copy.copy(photo.values), seconds=dict(photo.seconds))
             for photo in photos
         ]
         work = DeviceWork(job.task, job.repo_id, job.options, self.first, attempt, stop=self.stop)
