@@ -1,14 +1,15 @@
 """The one boundary between where photos are decoded and drawn and where the models run: plain data across.
 
-`run_device_work` is the one device runner: the plain app and the command line (in process), a ZeroGPU
-worker and a Ray model actor all run a batch's model steps through it.
+`run_device_work` is the one device runner, called on a model host (`sapiens2.runtime.Host.run_work`): the
+plain app and the command line (in process), a ZeroGPU worker and a Ray model actor all run a batch's model
+steps through it.
 
-A task's pipeline runs its leading CPU steps where the photo was decoded, then hands the rest of its steps
-to the device side as a `DeviceWork`: the task's name, the checkpoint, the checked options, the photos with
-what those steps left (arrays and CPU tensors), a picklable progress reporter and the number of a
+The task runner runs a pipeline's leading CPU steps where the photo was decoded, then hands the rest of its
+steps to the host as a `DeviceWork`: the task's name, the checkpoint, the task's checked options, the photos
+with what those steps left (arrays and CPU tensors), a picklable progress reporter and the number of a
 cancellation flag. What comes back is a `DeviceOutcome`: each photo's values as CPU tensors, the notes, the
-timings and any error, as data. No closure, lock or runtime crosses, so the same `run_device_work` serves a
-plain server and the command line (in process) and a ZeroGPU worker forked from the web process
+timings and any error, as data. No closure, lock, runner or host crosses, so the same `run_device_work`
+serves a plain server and the command line (in process) and a ZeroGPU worker forked from the web process
 (`sapiens2.serving.zerogpu`), where both sides are pickled.
 
 Cancellation cannot travel as a pickled object (a copy would never see the flag change), so the flags live
