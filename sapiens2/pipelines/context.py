@@ -28,9 +28,6 @@ class TaskSpec(Protocol):
     @property
     def kind(self) -> ModelKind: ...
 
-    @property
-    def helper_option(self) -> str | None: ...
-
     def helper_repo_id(self, repo_id: str) -> str | None: ...
 
 

@@ -125,7 +125,7 @@ class Task:
     def own_options(self, values: Mapping[str, Any] | TaskOptions) -> TaskOptions:
         """This task's options: `values` when they are already, else from `values` by name, which may name
         other tasks' options too (left out) and hold None for an option not given (its default)."""
-        if isinstance(values, self.options_type):
+        if type(values) is self.options_type:
             return values
         if isinstance(values, TaskOptions):
             values = values.by_name()
