@@ -5,33 +5,31 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from sapiens2.outputs.results import FrameFollower, TaskResult
-from sapiens2.pipelines.options import ByDevice, Option
+from sapiens2.outputs.results import FrameFollower, TaskOptions, TaskResult
+from sapiens2.pipelines.options import ByDevice, declared, option
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.pose_decoding import Person
 from sapiens2.vision.smoothing import DEFAULT_BETA, DEFAULT_MIN_CUTOFF, KeypointFilter
 from sapiens2.vision.tracking import PersonTracker, box_from_keypoints
 
-VIDEO_OPTIONS = (
-    Option(
-        "track",
+
+@dataclass(frozen=True)
+class TrackingOptions(TaskOptions):
+    """Pose's video options for following persons from frame to frame."""
+
+    track: bool = option(
         "Track persons (videos: an id per person, kept from frame to frame)",
         "checkbox",
         True,
         help="Ids are drawn on the picture and written in every frame's record.",
-    ),
-    Option(
-        "smoothing",
-        "Smooth keypoints over time (videos: One-Euro filter)",
-        "checkbox",
-        True,
-    ),
-    Option(
-        "min_cutoff",
+    )
+    smoothing: bool = option("Smooth keypoints over time (videos: One-Euro filter)", "checkbox", True)
+    min_cutoff: float = option(
         "Smoothing: cut-off of a still keypoint (Hz)",
         "slider",
         DEFAULT_MIN_CUTOFF,
@@ -39,9 +37,8 @@ VIDEO_OPTIONS = (
         10.0,
         0.05,
         help="Lower: steadier still keypoints, more lag; higher: less smoothing.",
-    ),
-    Option(
-        "beta",
+    )
+    beta: float = option(
         "Smoothing: speed coefficient",
         "slider",
         DEFAULT_BETA,
@@ -49,9 +46,8 @@ VIDEO_OPTIONS = (
         50.0,
         0.1,
         help="Higher: fast moves followed with less lag (and more jitter); 0: the same cut-off at any speed.",
-    ),
-    Option(
-        "detect_every",
+    )
+    detect_every: float = option(
         "Detect persons every N frames (videos)",
         "slider",
         ByDevice(gpu=1, cpu=5),
@@ -60,8 +56,10 @@ VIDEO_OPTIONS = (
         1.0,
         help="Between detections each person's box comes from its keypoints of the frame before, and frames "
         "go through the model one at a time; 1 on a GPU, where frames go through the model in batches.",
-    ),
-)
+    )
+
+
+VIDEO_OPTIONS = declared(TrackingOptions)
 
 
 class PoseTracker(FrameFollower):
@@ -73,8 +71,9 @@ class PoseTracker(FrameFollower):
 
     def __init__(self, options: Mapping[str, Any], batched: bool = False) -> None:
         super().__init__(options, batched)
-        self.threshold = float(options["threshold"])
-        self.asked_every = max(1, round(options["detect_every"]))
+        self.threshold = float(options["threshold"])  # pose's own option, beside the video options
+        self.tracking = TrackingOptions(**{item.name: options[item.name] for item in fields(TrackingOptions)})
+        self.asked_every = max(1, round(self.tracking.detect_every))
         self.detect_every = 1 if batched else self.asked_every
         self.tracker = PersonTracker(self.threshold)
         self.filters: dict[int, KeypointFilter] = {}
@@ -115,15 +114,15 @@ class PoseTracker(FrameFollower):
         )
 
     def _filter(self) -> KeypointFilter:
-        return KeypointFilter(self.options["min_cutoff"], self.options["beta"])
+        return KeypointFilter(self.tracking.min_cutoff, self.tracking.beta)
 
     def _followed(self, person: Person, track_id: int, dt: float) -> Person:
         """The person as shown: its keypoints smoothed (when asked) and its id (when tracking is asked)."""
         keypoints = person.keypoints
-        if self.options["smoothing"]:
+        if self.tracking.smoothing:
             size = float(max(person.box[2], person.box[3]))
             keypoints = self.filters[track_id](keypoints, person.scores >= self.threshold, dt, size)
-        shown_id = track_id if self.options["track"] else None
+        shown_id = track_id if self.tracking.track else None
         return dataclasses.replace(person, keypoints=keypoints, track_id=shown_id)
 
     def _next_boxes(self, persons: list[Person], image_size: tuple[int, int]) -> Detections | None:
