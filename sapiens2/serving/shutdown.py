@@ -9,12 +9,14 @@ active exception" and an abort. Here the cleanup runs first, then the process en
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing.util
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 from sapiens2.outputs.partial_files import stop_writing
 
@@ -49,9 +51,12 @@ def exit_cleanly_on_signals(cleanup: Callable[[], None]) -> None:
         signal.signal(number, stop)
 
 
-def end_on_signals() -> None:
-    """On SIGTERM or SIGINT: stop every writer and remove what it was writing, then end as the signal
-    would have ended the process (the command line: its status says which signal stopped it)."""
+@contextlib.contextmanager
+def ending_on_signals() -> Iterator[None]:
+    """While the block runs, SIGTERM or SIGINT stops every writer and removes what it was writing, then
+    ends the process as the signal would have (the command line: its status says which signal stopped
+    it). The handlers before are put back after; off the main thread (no handler can be set) nothing
+    changes."""
 
     def stop(signum: int, _frame: object) -> None:
         stop_writing()
@@ -60,8 +65,15 @@ def end_on_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    for number in STOP_SIGNALS:
-        signal.signal(number, stop)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def _end_worker_processes() -> None:
