@@ -30,6 +30,7 @@ from sapiens2.serving.components import FIRST_TASK
 from sapiens2.serving.connections import ConnectionGuard, check_guarded, guarded_connections
 from sapiens2.serving.device_slot import DeviceSlot
 from sapiens2.serving.device_time import DeviceBudget, request_seconds
+from sapiens2.serving.freed_memory import release_after_answers
 from sapiens2.serving.live_streams import StreamWatch
 from sapiens2.serving.private_files import keep_files_private
 from sapiens2.serving.queue_share import share_the_queue
@@ -181,6 +182,7 @@ def build_app(
                     _live_tab(runtime, slot, streams, settings.live_streams)
         gr.Markdown(LICENCE, elem_classes="studio-note")
     drop_after_copy(demo, scratch)
+    release_after_answers(demo, {MODEL_EVENTS})  # not after each webcam frame: a stream's memory is small
     demo.device_slot = slot
     demo.device_budget = budget
     demo.frame_speeds = speeds

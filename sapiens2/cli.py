@@ -26,6 +26,7 @@ from sapiens2.pipelines.options import Option
 from sapiens2.runtime import DEFAULT_BATCH_SIZE
 from sapiens2.runtime.arguments import add_runtime_arguments, runtime_from_arguments
 from sapiens2.runtime.warm_heap import keep_freed_memory
+from sapiens2.serving.shutdown import ending_on_signals
 from sapiens2.settings import Settings, installed
 from sapiens2.tasks import ALL_TASKS, TASKS, Task, all_sizes, get_task, options_by_name
 from sapiens2.vision.images import ImageInputError, load_image
@@ -343,4 +344,5 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: Se
         runtime = runtime_from_arguments(args, batch_size=args.batch_size)
     except ConfigError as error:
         parser.error(str(error))
-    return run_locally(request, runtime)
+    with ending_on_signals():  # a stop leaves no half-written file in --out (Ray's run stops its own way)
+        return run_locally(request, runtime)

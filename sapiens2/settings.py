@@ -194,6 +194,13 @@ class Settings:
     live_streams: int = _setting(
         "SAPIENS2_LIVE_STREAMS", 4, whole(1), "webcam streams the app serves at once"
     )
+    live_streams_per_client: int | None = _setting(
+        "SAPIENS2_LIVE_STREAMS_PER_CLIENT",
+        None,
+        whole(1),
+        "webcam streams one client may hold at once",
+        shown="half the live places, at least 1",
+    )
     monitoring: bool = _setting(
         "SAPIENS2_MONITORING", False, ONE, "Gradio's monitoring pages (open to anyone)"
     )

@@ -26,6 +26,7 @@ from sapiens2.runtime.cache import ModelCache
 from sapiens2.runtime.runtime import Runtime
 from sapiens2.serving.connections import PER_CLIENT_ENV
 from sapiens2.serving.device_time import CLIENT_SECONDS_ENV
+from sapiens2.serving.live_streams import SHARE_ENV as LIVE_SHARE_ENV
 from sapiens2.serving.queue_share import SHARE_ENV
 from sapiens2.serving.scratch import ScratchSpace
 
@@ -135,8 +136,8 @@ def running_app(
     """The app on a free 127.0.0.1 port, offline, loading checkpoints from `checkpoint_dir`.
 
     Every test client comes from 127.0.0.1, so tests that play many users at once lift the per-client
-    share of the queue, of device time and of connections, unless they set them (the tests of those
-    shares do).
+    share of the queue, of device time, of connections and of live places, unless they set them (the tests
+    of those shares do).
     """
     settings = {
         "SAPIENS2_CHECKPOINT_DIR": str(checkpoint_dir),
@@ -146,6 +147,7 @@ def running_app(
         SHARE_ENV: os.environ.get(SHARE_ENV, "1000"),
         CLIENT_SECONDS_ENV: os.environ.get(CLIENT_SECONDS_ENV, "100000"),
         PER_CLIENT_ENV: os.environ.get(PER_CLIENT_ENV, "1000"),
+        LIVE_SHARE_ENV: os.environ.get(LIVE_SHARE_ENV, "1000"),
     }
     with environment(**settings):
         runtime = Runtime(device="cpu", dtype="fp32", detector=detector, cache=cache)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -574,9 +574,11 @@ def test_the_quota_counts_bytes_that_arrived_from_real_addresses(small_mirror, t
 
 
 @contextmanager
-def app_process(checkpoints: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+def app_process(
+    checkpoints: Path, tmp_path: Path, launcher: Sequence[str] = ()
+) -> Iterator[tuple[subprocess.Popen, str, Path]]:
     """`python app.py` in its own process (a crash there cannot take the tests with it), its URL, and the
-    folder under which it makes its scratch root."""
+    folder under which it makes its scratch root; `launcher`: a script that runs app.py, between them."""
 
     temporary = tmp_path / "tmp"
     temporary.mkdir()
@@ -589,8 +591,9 @@ def app_process(checkpoints: Path, tmp_path: Path) -> Iterator[tuple[subprocess.
         "HF_HUB_OFFLINE": "1",
         "YOLO_OFFLINE": "1",
         "GRADIO_ANALYTICS_ENABLED": "False",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
-    command = [sys.executable, str(ROOT / "app.py"), "--device", "cpu", "--port", str(port)]
+    command = [sys.executable, *launcher, str(ROOT / "app.py"), "--device", "cpu", "--port", str(port)]
     process = subprocess.Popen(
         command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

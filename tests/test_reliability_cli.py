@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import unicodedata
 from pathlib import Path
 
@@ -257,3 +258,32 @@ def test_a_signal_while_train_loads_ends_it_at_once(training_workspace, tmp_path
     assert status == 1, printed[-2000:]
     assert f"sapiens2 train: stopped by {signal.Signals(number).name} while loading" in printed
     assert "Traceback" not in printed
+
+
+def test_ray_reads_a_file_swapped_for_a_pipe_or_a_device_as_the_command_line_does(tmp_path):
+    # Before: --ray's workers opened a listed file with a plain open(): one swapped for a FIFO since the
+    # listing blocked its worker for good, one linked to /dev/zero read without end.
+    pafs = pytest.importorskip("pyarrow.fs")
+    from sapiens2.batch.cluster.storage import read_bytes
+    from sapiens2.vision.files import NotRegularFileError
+
+    fifo, zero = tmp_path / "photo.jpg", tmp_path / "zero.jpg"
+    os.mkfifo(fifo)
+    os.symlink("/dev/zero", zero)
+    outcomes: dict[str, BaseException | bytes] = {}
+
+    def read(path: Path) -> None:
+        try:
+            outcomes[path.name] = read_bytes(pafs.LocalFileSystem(), str(path))
+        except BaseException as error:
+            outcomes[path.name] = error
+
+    readers = [threading.Thread(target=read, args=(path,), daemon=True) for path in (fifo, zero)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(timeout=60)
+    if readers[0].is_alive():  # the old read, blocked in open(): a writer that closes at once ends it
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert isinstance(outcomes.get("photo.jpg"), NotRegularFileError), outcomes
+    assert isinstance(outcomes.get("zero.jpg"), NotRegularFileError), outcomes

@@ -30,7 +30,13 @@ from test_reliability_attacks import (
 from test_reliability_battery import check_sentence
 
 import app
-from sapiens2.serving.live_streams import IDLE_ENV, places_taken_sentence
+from sapiens2.serving.live_streams import (
+    IDLE_ENV,
+    SHARE_ENV,
+    live_share,
+    places_taken_sentence,
+    share_taken_sentence,
+)
 from sapiens2.serving.requests import NOT_UPLOADED
 
 
@@ -55,9 +61,11 @@ def frame_payload(data: bytes, mime: str = "image/jpeg") -> dict:
     return {"url": f"data:{mime};base64,{base64.b64encode(data).decode()}"}
 
 
-def join(server, session: str, payload: dict) -> httpx.Response:
+def join(server, session: str, payload: dict, address: str = "127.0.0.1") -> httpx.Response:
+    """A stream's join, as the page sends it, from the loopback `address`."""
     body = {"data": [payload, "pose", []], "fn_index": live_index(server), "session_hash": session}
-    return httpx.post(f"{server.url}gradio_api/queue/join", json=body, timeout=30)
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30) as client:
+        return client.post(f"{server.url}gradio_api/queue/join", json=body)
 
 
 def first_answer(server, session: str) -> dict:
@@ -192,3 +200,30 @@ def test_streams_never_fill_the_photo_queue(server, client, free_places):
         assert answer.json()["detail"] == places_taken_sentence(app.LIVE_STREAMS)
     check_sentence(places_taken_sentence(app.LIVE_STREAMS))
     wait_for(lambda: live_places_taken(server) == 0, timeout=30)
+
+
+def test_one_client_holds_at_most_its_share_of_the_live_places(server, client, free_places):
+    # Before: one address held all four live places; everyone else got "All 4 live webcam places are taken".
+    frame = frame_payload(GOOD_PHOTO.read_bytes())
+    with environment(**{IDLE_ENV: "120", SHARE_ENV: ""}):  # the share's default: half the places
+        share = live_share(app.LIVE_STREAMS)
+        mine = [join(server, uuid.uuid4().hex, frame, "127.0.0.21") for _ in range(app.LIVE_STREAMS)]
+        wait_for(lambda: live_places_taken(server) == share)
+        session = uuid.uuid4().hex
+        other = join(server, session, frame, "127.0.0.22")
+        message = first_answer(server, session)
+        for answer in [*mine[:share], other]:
+            httpx.post(f"{server.url}gradio_api/stream/{answer.json()['event_id']}/close", timeout=30)
+    assert share == 2
+    assert [answer.status_code for answer in mine] == [200] * share + [429] * (app.LIVE_STREAMS - share)
+    assert {answer.json()["detail"] for answer in mine[share:]} == {share_taken_sentence(share)}
+    check_sentence(share_taken_sentence(share))
+    assert other.status_code == 200 and message["msg"] == "process_streaming", message
+    wait_for(lambda: live_places_taken(server) == 0, timeout=30)
+    still_serving(client)
+
+
+@pytest.mark.parametrize(("places", "setting", "share"), [(4, "", 2), (1, "", 1), (5, "", 2), (4, "3", 3)])
+def test_the_live_share_is_half_the_places_unless_set(places, setting, share):
+    with environment(**{SHARE_ENV: setting}):
+        assert live_share(places) == share

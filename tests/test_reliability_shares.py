@@ -250,3 +250,36 @@ def test_a_clip_of_300_4k_frames_holds_the_device_no_longer_than_its_time(server
     print(f"\n[figure] {clip.stat().st_size / 1e6:.1f} MB clip: {summary}")
     report("/video of 300 frames of 3840x2160 (20 s a request)", memory)
     report("/features sent during it (time the visitor waited)", waited)
+
+
+def test_an_ipv6_client_is_one_client_across_its_64_block(server):
+    # Before: behind a trusted proxy, each IPv6 address was a client of its own, and one subscriber's /64
+    # holds 2**64 of them: six calls from six addresses of one block (each spelled its own way) all queued.
+    release = threading.Event()
+    forward = server.runtime.forward
+
+    def held_forward(*args, **kwargs):
+        release.wait(timeout=60)
+        return forward(*args, **kwargs)
+
+    photo = upload(server.url, PHOTOS[0].read_bytes(), "photo.jpg")
+    block = [
+        "2001:db8:7:1::1",
+        "2001:db8:7:1::2",
+        "[2001:db8:7:1::3]:443",
+        "2001:0db8:0007:0001:0000:0000:0000:0004",
+        "2001:db8:7:1:ffff:ffff:ffff:ffff",
+        "2001:db8:7:1:1234::5",
+    ]
+    server.runtime.forward = held_forward
+    try:
+        calls = [call(server.url, "features", [photo, "0.1b"], address) for address in block]
+        neighbour = call(server.url, "features", [photo, "0.1b"], "2001:db8:7:2::1")  # another /64
+    finally:
+        release.set()
+        server.runtime.forward = forward
+    assert [response.status_code for response in calls] == [200, 200, 429, 429, 429, 429]
+    assert calls[-1].json()["detail"].startswith("Request refused: you already have 2 requests waiting")
+    assert neighbour.status_code == 200
+    for response in [*calls[:2], neighbour]:
+        assert answer(server.url, "features", response.json()["event_id"])[0] == "complete"

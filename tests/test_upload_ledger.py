@@ -39,3 +39,25 @@ def test_only_the_entries_the_proxies_appended_name_the_client():
     assert spoofed == {"203.0.113.5"}
     assert client_address(scope("1.2.3.4, 203.0.113.5, 10.0.0.2"), 2) == "203.0.113.5"
     assert client_address(scope(""), 1) == "10.1.1.1"
+
+
+def test_an_ipv6_client_is_its_64_block_whatever_the_spelling():
+    def scope(peer: str, forwarded: str = "") -> dict:
+        return {"client": (peer, 1), "headers": [(b"x-forwarded-for", forwarded.encode())]}
+
+    # One subscriber's /64 holds 2**64 addresses: each one a client of its own would have its own shares.
+    block = [
+        "2001:db8:1:2::a",
+        "[2001:db8:1:2::b]:443",
+        "2001:0DB8:0001:0002:ffff:0000:0000:000c",
+        "2001:db8:1:2:abcd:ef01:2345:6789",
+    ]
+    assert {client_address(scope("10.1.1.1", f"{address}, 10.0.0.2"), 2) for address in block} == {
+        "2001:db8:1:2::/64"
+    }
+    peers = [address for address in block if not address.startswith("[")]  # a peer's address has no port
+    assert {client_address(scope(address), 0) for address in peers} == {"2001:db8:1:2::/64"}
+    assert client_address(scope("10.1.1.1", "2001:db8:1:3::a, 10.0.0.2"), 2) == "2001:db8:1:3::/64"
+    assert client_address(scope("::ffff:192.0.2.5"), 0) == "192.0.2.5"
+    assert client_address(scope("10.1.1.1", "192.0.2.5:8080"), 1) == "192.0.2.5"
+    assert client_address(scope("10.1.1.1", "not an address"), 1) == "not an address"

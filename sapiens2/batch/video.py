@@ -26,6 +26,7 @@ import numpy as np
 
 from sapiens2.batch.motion_video import VideoMotion, motion_suffixes, wanted
 from sapiens2.errors import DeviceTimeError
+from sapiens2.outputs.partial_files import make_folder, partial
 from sapiens2.progress import Progress, within
 from sapiens2.runtime.jobs import check_cancelled
 from sapiens2.runtime.runtime import Runtime
@@ -277,6 +278,7 @@ class VideoFileWriter:
         self._fps = fps
         self._writer: cv2.VideoWriter | None = None
         self._size: tuple[int, int] | None = None
+        self._temporaries = contextlib.ExitStack()
 
     def __enter__(self) -> VideoFileWriter:
         return self
@@ -285,25 +287,29 @@ class VideoFileWriter:
         """Append one frame; the first frame sets the video's size, later ones are fitted to it."""
         height, width = rgb.shape[:2]
         if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_folder(self.path.parent)
             self._size = (width, height)
             codec = VIDEO_FORMATS[self.path.suffix[1:]]
-            fourcc = cv2.VideoWriter_fourcc(*codec)
-            with _native_notes_dropped(_HARMLESS_WRITER_NOTES):
-                self._writer = cv2.VideoWriter(os.fspath(self._temporary), fourcc, self._fps, self._size)
+            self._writer = self._temporaries.enter_context(partial(self._temporary, self._open))
             if not self._writer.isOpened():
                 raise VideoError(f"OpenCV cannot write {codec} video at {self.path}")
         if (width, height) != self._size:
             rgb = cv2.resize(rgb, self._size, interpolation=cv2.INTER_AREA)
         self._writer.write(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
 
+    def _open(self, temporary: Path) -> cv2.VideoWriter:
+        fourcc = cv2.VideoWriter_fourcc(*VIDEO_FORMATS[self.path.suffix[1:]])
+        with _native_notes_dropped(_HARMLESS_WRITER_NOTES):
+            return cv2.VideoWriter(os.fspath(temporary), fourcc, self._fps, self._size)
+
     def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        if self._writer is not None:
-            self._writer.release()
-        if exc_type is None and self._writer is not None:
-            os.replace(self._temporary, self.path)
-        else:
-            self._temporary.unlink(missing_ok=True)
+        with self._temporaries:  # the temporary is removed if this fails
+            if self._writer is not None:
+                self._writer.release()
+            if exc_type is not None:
+                self._temporary.unlink(missing_ok=True)
+            elif self._writer is not None:
+                os.replace(self._temporary, self.path)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ import numpy as np
 
 from sapiens2.errors import OutOfSpaceError
 from sapiens2.outputs.mesh import MAX_RELATIVE_JUMP, VIEWER_FACES, pointmap_mesh, step_for_faces, write_glb
+from sapiens2.outputs.partial_files import make_folder, partial
 from sapiens2.vision.dense import alpha_to_uint8
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.intrinsics import Intrinsics
@@ -48,24 +49,24 @@ Writer = Callable[[BinaryIO], None]
 def _atomic_write(path: Path, write: Writer) -> Path:
     """Write a file through `write(file)` under a temporary name in the same folder, then rename it."""
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    # os.open with 0o666 lets the umask set the permissions, as a plain open() would.
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(descriptor, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
+        with partial(temporary, _new_file) as descriptor:
+            with os.fdopen(descriptor, "wb") as file:
+                write(file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
     except OSError as error:
         full = _disk_full(path.parent)  # numpy's writers raise OSError without an errno on a full disk
-        temporary.unlink(missing_ok=True)
         if full and error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise OutOfSpaceError(errno.ENOSPC, f"no space left on the disk to write {path.name}") from error
         raise
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
     return path
+
+
+def _new_file(path: Path) -> int:
+    # os.open with 0o666 lets the umask set the permissions, as a plain open() would.
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
 
 
 def _disk_full(folder: Path) -> bool:
@@ -81,9 +82,7 @@ def _target(directory: str | os.PathLike, stem: str, suffix: str) -> Path:
     """directory/stem+suffix, with a stem that cannot leave the directory; the directory is created."""
     if not stem or stem in {".", ".."} or any(c in stem for c in "/\\\0") or len(stem) > 200:
         raise ValueError(f"invalid file stem {stem!r}: use a plain file name without folders")
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{stem}{suffix}"
+    return make_folder(directory) / f"{stem}{suffix}"
 
 
 def _bytes(data: bytes | memoryview) -> Writer:

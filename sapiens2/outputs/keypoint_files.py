@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from sapiens2.outputs.exports import write_json
+from sapiens2.outputs.partial_files import make_folder, partial
 from sapiens2.vision.keypoint_formats import KeypointFormat, keypoint_format
 from sapiens2.vision.pose_decoding import Person
 
@@ -120,14 +121,11 @@ def _write_openpose_frames(
     (an older folder of the same name is replaced)."""
     target = directory / f"{stem}{VIDEO_FORMAT_SUFFIXES['openpose']}"
     staging = directory / f".{target.name}.{secrets.token_hex(6)}.tmp"
-    try:
+    with partial(staging, make_folder):  # a video without frames still gets its folder
         for frame, persons in frames:
             document = openpose_document(found, persons)
             write_json(staging, f"{stem}_{int(frame):012d}", "_keypoints.json", document)
-        staging.mkdir(parents=True, exist_ok=True)  # a video without frames still gets its folder
         if target.is_dir():
             shutil.rmtree(target)
         os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -26,6 +26,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
+from sapiens2.serving.uploads import one_client
 from sapiens2.settings import Settings
 
 PER_CLIENT_ENV = "SAPIENS2_CONNECTIONS_PER_CLIENT"
@@ -104,7 +105,7 @@ def guarded_protocol(base: type, guard: ConnectionGuard) -> type:
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
-            address = self.client[0] if self.client else "unknown"
+            address = one_client(self.client[0]) if self.client else "unknown"
             refusal = guard.admit(self, address)
             if refusal:
                 self._answer(429, refusal)

@@ -6,7 +6,9 @@ stream whose client is gone (Gradio marks the event no longer alive when its pag
 or that has not sent a frame for SAPIENS2_STREAM_IDLE_SECONDS while none of its frames runs, the way the
 page's own stop button ends it. A stream that asks to join when every live place is taken is refused at
 once with a sentence, so streams never wait in Gradio's queue, whose size counts every waiting event and
-would otherwise fill with streams and turn photos away.
+would otherwise fill with streams and turn photos away; so is one beyond its client's share of the places
+(`live_share`: half of them unless set, counted per address as the queue's share counts), so one client
+cannot hold them all.
 
 Gradio has no public call for either: the watch reads the queue's running events (`active_jobs`, an
 event's `alive`, `closed`, `run_time` and `signal`, as Gradio's own stop route sets them) and wraps the
@@ -24,17 +26,34 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from fastapi import HTTPException
+
+from sapiens2.serving.queue_share import client_of, held_by
 from sapiens2.settings import current
 
 log = logging.getLogger("sapiens2.app")
 
 IDLE_ENV = "SAPIENS2_STREAM_IDLE_SECONDS"
+SHARE_ENV = "SAPIENS2_LIVE_STREAMS_PER_CLIENT"
 CHECK_SECONDS = 0.5
 
 
 def idle_seconds() -> float:
     """Seconds a stream may go without a frame: $SAPIENS2_STREAM_IDLE_SECONDS, or 5."""
     return current().stream_idle_seconds
+
+
+def live_share(places: int) -> int:
+    """Live places one client may hold: $SAPIENS2_LIVE_STREAMS_PER_CLIENT, or half of `places`, at least 1."""
+    return current().live_streams_per_client or max(1, places // 2)
+
+
+def share_taken_sentence(share: int) -> str:
+    streams = "a live webcam stream" if share == 1 else f"{share} live webcam streams"
+    return (
+        f"You already have {streams} open, this server's limit per person, so that others can use the "
+        "live webcam too. Please stop one (or close its tab) and try again."
+    )
 
 
 def places_taken_sentence(places: int) -> str:
@@ -50,6 +69,7 @@ class StreamWatch:
 
     def __init__(self, group: str, places: int) -> None:
         self.group, self.places = group, places
+        self.trusted_proxies = current().trusted_proxies  # clients are told apart as the queue's share does
         self._lock = threading.Lock()
         self._running: dict[str, int] = {}  # event id -> frames of it running now
         self._last: dict[str, float] = {}  # event id -> when a frame of it last started or ended
@@ -115,12 +135,17 @@ class StreamWatch:
         """Make `queue` refuse a join of this group's events when all its places are taken."""
         push = queue.push
 
-        async def push_if_room(body: Any, *args: Any, **kwargs: Any) -> tuple:
+        async def push_if_room(body: Any, request: Any, username: str | None) -> tuple:
             fn = fns.get(body.fn_index) if isinstance(body.fn_index, int) else None
-            if getattr(fn, "concurrency_id", None) == self.group and self.taken(queue) >= self.places:
-                self.ended["refused"] += 1
-                return False, places_taken_sentence(self.places), "queue_full"
-            return await push(body, *args, **kwargs)
+            if getattr(fn, "concurrency_id", None) == self.group:
+                client, share = client_of(request, self.trusted_proxies), live_share(self.places)
+                if client is not None and held_by(queue, self.group, client, self.trusted_proxies) >= share:
+                    self.ended["refused"] += 1
+                    raise HTTPException(status_code=429, detail=share_taken_sentence(share))
+                if self.taken(queue) >= self.places:
+                    self.ended["refused"] += 1
+                    return False, places_taken_sentence(self.places), "queue_full"
+            return await push(body=body, request=request, username=username)
 
         queue.push = push_if_room
 

@@ -46,24 +46,29 @@ def share_the_queue(demo: Any, concurrency_id: str) -> None:
     trusted_proxies = current().trusted_proxies
     push = queue.push
 
-    def client_of(request: Any) -> str | None:
-        scope = getattr(request, "scope", None)
-        return client_address(scope, trusted_proxies) if scope is not None else None
-
-    def held_by(client: str) -> int:
-        waiting = queue.event_queue_per_concurrency_id.get(concurrency_id)
-        events = [*(waiting.queue if waiting else ()), *(e for job in queue.active_jobs if job for e in job)]
-        return sum(1 for e in events if e.concurrency_id == concurrency_id and client_of(e.request) == client)
-
     async def shared_push(body: Any, request: Any, username: str | None) -> Any:
         fn = demo.fns.get(body.fn_index) if body.fn_index is not None else None
-        client = client_of(request)
+        client = client_of(request, trusted_proxies)
         if fn is not None and fn.concurrency_id == concurrency_id and client is not None:
-            if held_by(client) >= share:
+            if held_by(queue, concurrency_id, client, trusted_proxies) >= share:
                 raise HTTPException(status_code=429, detail=refusal(share))
         return await push(body=body, request=request, username=username)
 
     queue.push = shared_push
+
+
+def client_of(request: Any, trusted_proxies: int) -> str | None:
+    """The client who sent a request Gradio files (its address, as the upload quota counts it)."""
+    scope = getattr(request, "scope", None)
+    return client_address(scope, trusted_proxies) if scope is not None else None
+
+
+def held_by(queue: Any, concurrency_id: str, client: str, trusted_proxies: int) -> int:
+    """Events of `concurrency_id` that `client` has in Gradio's `queue`, waiting or running."""
+    waiting = queue.event_queue_per_concurrency_id.get(concurrency_id)
+    events = [*(waiting.queue if waiting else ()), *(e for job in queue.active_jobs if job for e in job)]
+    mine = (e for e in events if client_of(e.request, trusted_proxies) == client)
+    return sum(1 for event in mine if event.concurrency_id == concurrency_id)
 
 
 def refusal(share: int) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sapiens2.errors import LimitError
+from sapiens2.outputs.partial_files import make_folder
 from sapiens2.serving.uploads import MB, UploadLedger
 from sapiens2.settings import current
 
@@ -96,7 +97,7 @@ class ScratchSpace:
         """A new empty folder; the oldest folders beyond `keep` are deleted first. The root is made again
         when something (a temporary-file cleaner) deleted it."""
         with self._lock:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_folder(self.root)  # not once the process is stopping: its cleanup removed the root
             self._prune(self.keep - 1)
             folder = self.root / f"{time.time_ns():020d}-{next(self._counter):06d}"
             folder.mkdir()

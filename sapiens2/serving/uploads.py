@@ -16,6 +16,7 @@ anything further left is whatever the client sent, never used.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import threading
 import time
@@ -119,10 +120,11 @@ class UploadLedger:
 
 
 def client_address(scope: Scope, trusted_proxies: int) -> str:
-    """The client's address: the peer's, or the one `trusted_proxies` hops back in X-Forwarded-For."""
+    """The client: the peer's address, or the one `trusted_proxies` hops back in X-Forwarded-For, as
+    `one_client` names it."""
     peer = (scope.get("client") or ("unknown", 0))[0]
     if trusted_proxies <= 0:
-        return peer
+        return one_client(peer)
     forwarded = [
         part.strip()
         for name, value in scope.get("headers", [])
@@ -130,7 +132,27 @@ def client_address(scope: Scope, trusted_proxies: int) -> str:
         for part in value.decode("latin-1").split(",")
         if part.strip()
     ]
-    return forwarded[-trusted_proxies] if len(forwarded) >= trusted_proxies else peer
+    return one_client(forwarded[-trusted_proxies] if len(forwarded) >= trusted_proxies else peer)
+
+
+def one_client(address: str) -> str:
+    """The client an address stands for: an IPv4 address as it is; an IPv6 address's /64, the block one
+    subscriber is given (its 2**64 addresses are one client, whatever the spelling); an IPv4 address
+    written as IPv6 (::ffff:a.b.c.d) as IPv4; brackets, ports and zones dropped. Other text as it is."""
+    text = address.strip()
+    if text.startswith("[") and "]" in text:  # [v6]:port
+        text = text[1 : text.index("]")]
+    elif text.count(":") == 1:  # v4:port
+        text = text.split(":")[0]
+    try:
+        ip = ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return address.strip()
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 class UploadQuota:

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sapiens2.outputs.partial_files import make_folder
 from sapiens2.outputs.results import Export, Pictures, Prediction, TaskOptions, TaskResult
 from sapiens2.tasks.registry import TASKS, Task, get_task
 
@@ -54,7 +55,7 @@ def write_exports(
 ) -> list[Path]:
     """Write `exports` of `prediction` into `folder` (see `export`); each file's name is checked against its
     export's suffix, so a task's declared files are the files it writes."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     written: list[Path] = []
     try:
         for item in exports:

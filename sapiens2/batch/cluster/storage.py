@@ -24,6 +24,7 @@ from sapiens2.batch.plan import Plan, write_image_outputs
 from sapiens2.batch.video import VIDEO_EXTENSIONS
 from sapiens2.outputs.results import TaskResult
 from sapiens2.tasks.registry import Task
+from sapiens2.vision.files import open_regular
 
 
 @dataclass(frozen=True)
@@ -153,10 +154,11 @@ def existing_files(out: Place) -> set[str]:
 
 
 def read_bytes(filesystem: pafs.FileSystem, path: str) -> bytes:
-    """A file's bytes; local files are read as the command line reads them (also a named pipe, which pyarrow
-    would take for an empty file)."""
+    """A file's bytes; local files are read as the command line reads them: a regular file only, checked
+    once opened (a file the listing saw, swapped for a named pipe or a device since, never blocks or floods
+    a worker)."""
     if isinstance(filesystem, pafs.LocalFileSystem):
-        with open(path, "rb") as file:
+        with open_regular(path) as file:
             return file.read()
     with filesystem.open_input_stream(path) as stream:
         return stream.read()
