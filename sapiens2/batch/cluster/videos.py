@@ -41,7 +41,13 @@ def run_videos(
     ]
     alone = replace(request, cluster=None, inputs=())  # each worker runs its one source without Ray
     report = Report()
-    for part in ray.get([one_video.remote(alone, settings, source) for source in sources]):
+    runs = [one_video.remote(alone, settings, source) for source in sources]
+    for source, done in zip(sources, runs, strict=True):
+        try:
+            part = ray.get(done)
+        except ray.exceptions.RayError as error:  # its worker died, or the run failed before its first frame
+            report.fail(source.label, getattr(error, "cause", None) or error)
+            continue
         report.written += part.written
         report.kept += part.kept
         report.succeeded += part.succeeded
