@@ -37,6 +37,7 @@ from sapiens2.serving.queue_share import share_the_queue
 from sapiens2.serving.requests import cancellable
 from sapiens2.serving.scratch import ScratchSpace, drop_after_copy
 from sapiens2.serving.shutdown import exit_cleanly_on_signals
+from sapiens2.serving.startup import patient_start
 from sapiens2.serving.uploads import UploadQuota
 from sapiens2.serving.video_budget import FrameSpeeds, video_header
 from sapiens2.settings import Settings, current, install
@@ -207,7 +208,7 @@ def launch(
     keep_files_private(demo.GRADIO_CACHE)
     quota = Middleware(UploadQuota, window=CACHE_SWEEP + CACHE_LIFE)
     guards = [Middleware(BodyLimit), quota]
-    with guarded_connections(ConnectionGuard.of(settings)) as protocol:
+    with guarded_connections(ConnectionGuard.of(settings)) as protocol, patient_start():
         launched = demo.launch(
             server_name=host,
             server_port=port,
@@ -386,11 +387,11 @@ def _video_tab(
                 elem_classes=components.RESULT,
             )
             summary = gr.Markdown()
-            motion = gr.Model3D(
-                label="Motion (each person's skeleton, animated, over the first frame)",
-                visible=False,
-                elem_id="video-motion",
-            )
+            with gr.Column(visible=False) as motion_box:
+                motion = gr.Model3D(
+                    label="Motion (each person's skeleton, animated, over the first frame)",
+                    elem_id="video-motion",
+                )
             files = components.downloads("video-downloads")
             motion_view = gr.State(None)  # the 3-D view's file; a state, so the API returns three values
     choice.change(
@@ -408,12 +409,17 @@ def _video_tab(
         api_description="A short clip through one task; returns the processed video and its files.",
         show_progress_on=[shown],  # one bar, over the clip, not one per output
         **MODEL_EVENT,  # the upload reaches the handler untouched: only sapiens2.vision.video_files opens it
-    ).then(
-        lambda path: gr.Model3D(value=path, visible=path is not None),
+    )
+    # The viewer is shown, then given its file: one made visible with its file at once stays empty (Gradio 6).
+    box = run.then(
+        lambda path: gr.Column(visible=path is not None),
         motion_view,
-        motion,
+        motion_box,
         queue=False,
         api_visibility="private",
+    )
+    box.then(
+        handlers.motion_view_handler(scratch), motion_view, motion, queue=False, api_visibility="private"
     )
     if on_cpu:  # before a clip runs: how many of its frames fit the request's device time at the speed seen
 

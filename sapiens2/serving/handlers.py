@@ -225,16 +225,43 @@ def video_handler(
             result = process_video(runtime, job, report, hold=timer.hold)
             if speeds is not None:
                 speeds.record(repo_id, timer.seconds, result.frames)
+            view = None if result.view_path is None else set_aside(scratch, result.view_path)
             check_output(scratch, folder)
         line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second, with {repo_id}."
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
-        view = None if result.view_path is None else str(result.view_path)
         return str(result.video_path), summary_text, [str(p) for p in downloadable(result.files)], view
 
     run_video.__signature__ = _endpoint_signature(
         "video", {"task": FIRST_TASK, "size": TASKS[FIRST_TASK].default_size}, offered
     )
     return run_video
+
+
+def set_aside(scratch: ScratchSpace, path: Path) -> str:
+    """Move a file the page shows in a later event (the motion's 3-D view) into a scratch folder of its own:
+    the request's folder goes as soon as Gradio has copied the answer, and the page's state, which holds
+    this file's path, is not copied."""
+    kept = scratch.new_folder() / path.name
+    path.replace(kept)
+    return str(kept)
+
+
+def motion_view_handler(scratch: ScratchSpace) -> Callable:
+    """The Video tab's event after a clip: the path of its motion's 3-D view (set aside by /video) for the
+    viewer, whose folder goes once Gradio has copied it; None when the clip has none."""
+
+    def show(path: str | None) -> str | None:
+        if path is not None:
+            folder = Path(path).parent
+            with user_errors():
+                try:
+                    check_output(scratch, folder)
+                except BaseException:
+                    scratch.discard(folder)
+                    raise
+        return path
+
+    return show
 
 
 def video_budget_note(runtime: Runtime, speeds: FrameSpeeds, task: str, size: str | None) -> str:

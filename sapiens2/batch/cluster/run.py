@@ -9,7 +9,7 @@ import secrets
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import ray
@@ -37,7 +37,8 @@ from sapiens2.batch.cluster.tables import (
     remove_files,
     write_table,
 )
-from sapiens2.batch.report import EXIT_NOTHING_SUCCEEDED, EXIT_OK, TASK_ERRORS, count, reason
+from sapiens2.batch.cluster.videos import NOT_LOCAL, run_videos, runs_here
+from sapiens2.batch.report import EXIT_NOTHING_SUCCEEDED, EXIT_OK, TASK_ERRORS, Report, count, reason
 from sapiens2.batch.request import BatchRequest
 from sapiens2.models.hub import use_checkpoint_dir
 from sapiens2.settings import current, export
@@ -227,13 +228,11 @@ def _run(request: BatchRequest, out: Place) -> int:
     start = time.perf_counter()
     found, missing = find_inputs(request.inputs, out)
     places = output_stems(found, out)  # named among every input, as without --ray
-    videos = [
-        (item.label, "Videos run without --ray (frame by frame, on one machine).")
-        for item in found
-        if item.is_video
-    ]
+    videos = [(item, spot) for item, spot in zip(found, places, strict=True) if item.is_video]
+    elsewhere = [(item.label, NOT_LOCAL) for item, _ in videos if not runs_here(item, out)]
+    videos = [(item, spot) for item, spot in videos if runs_here(item, out)]
     photos = [(item, spot) for item, spot in zip(found, places, strict=True) if not item.is_video]
-    inputs_failures = [failure(what, "", "input", why) for what, why in missing + videos]
+    inputs_failures = [failure(what, "", "input", why) for what, why in missing + elsewhere]
     remove_files(out, failures_dir(out), "inputs-")
     if inputs_failures:
         write_table(
@@ -249,7 +248,8 @@ def _run(request: BatchRequest, out: Place) -> int:
     nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
     where = f"{count(nodes, 'node')}, {cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs"
     names = ", ".join(task.name for task in request.tasks)
-    print(f"{names} on {count(len(photos), 'photo')} with Ray ({where}) -> {request.out}")
+    also = f" and {count(len(videos), 'video')}" if videos else ""
+    print(f"{names} on {count(len(photos), 'photo')}{also} with Ray ({where}) -> {request.out}")
     # Options whose default depends on the device (pose's flip test) take the models' device.
     option_device = request.device or ("cuda" if cluster.get("GPU", 0) >= 1 else "cpu")
     unreadable: set[str] = set()
@@ -316,7 +316,12 @@ def _run(request: BatchRequest, out: Place) -> int:
         outcome.seconds = time.perf_counter() - began
         outcome.totals = sink.totals
         unreadable |= {f["path"] for f in sink.totals.failures if f["stage"] in READ_STAGES}
-    return _summary(runs, inputs_failures, time.perf_counter() - start, out, len(photos))
+    played = Report()
+    if videos:
+        alone = replace(request, detector=_local_path(request.detector), model=_local_path(request.model))
+        gpus = request.device != "cpu" and cluster.get("GPU", 0) >= 1
+        played = run_videos(alone, videos, current(), gpus)
+    return _summary(runs, inputs_failures, time.perf_counter() - start, out, len(photos), played)
 
 
 # ---- the summary -------------------------------------------------------------------------------------------
@@ -324,11 +329,14 @@ def _run(request: BatchRequest, out: Place) -> int:
 SHOWN_FAILURES = 20
 
 
-def _summary(runs: list[TaskRun], inputs: list[dict], seconds: float, out: Place, photos: int) -> int:
-    """Print what was done, per task and per stage, and the failures; returns the exit status."""
+def _summary(
+    runs: list[TaskRun], inputs: list[dict], seconds: float, out: Place, photos: int, videos: Report
+) -> int:
+    """Print what was done, per task and per stage, then per video, and the failures; returns the exit
+    status."""
     tables = out.shown(predictions_dir(out, "<task>")), out.shown(failures_dir(out))
-    written = sum(r.totals.written for r in runs)
-    kept = sum(r.totals.kept for r in runs)
+    written = sum(r.totals.written for r in runs) + len(videos.written)
+    kept = sum(r.totals.kept for r in runs) + videos.kept
     kept_text = f", {kept} already there (kept)" if kept else ""
     print(f"\nDone in {seconds:.1f} s: {count(written, 'file')} written to {out.text}{kept_text}.")
     failures = list(inputs)
@@ -351,6 +359,9 @@ def _summary(runs: list[TaskRun], inputs: list[dict], seconds: float, out: Place
             )
             print(f"    seconds per photo: {stages}")
             print(f"    model stages ran on {count(len(totals.nodes), 'node')}")
+    for line in videos.videos:
+        print(f"  {line}")
+    failures += [failure(what, "", "video", why) for what, why in videos.failures]
     # The failures table holds the inputs' and the photos' failures; it is written only when there are some.
     tabled = inputs or any(r.totals.failures for r in runs)
     failed = f" and {tables[1]}/ (one row per failure)" if tabled else ""
@@ -361,7 +372,8 @@ def _summary(runs: list[TaskRun], inputs: list[dict], seconds: float, out: Place
             print(f"  {item['path']}: {item['reason']}")
         if len(failures) > SHOWN_FAILURES:
             print(f"  ... and {len(failures) - SHOWN_FAILURES} more in {tables[1]}/")
-    if any(r.totals.photos or r.skipped for r in runs):
+    if videos.succeeded or any(r.totals.photos or r.skipped for r in runs):
         return EXIT_OK
-    print("Nothing succeeded" + ("." if photos else ": no photo was found."), file=sys.stderr)
+    found = photos or videos.videos or videos.failures
+    print("Nothing succeeded" + ("." if found else ": no photo or video was found."), file=sys.stderr)
     return EXIT_NOTHING_SUCCEEDED
