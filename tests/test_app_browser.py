@@ -354,6 +354,8 @@ def test_on_a_phone_every_tab_is_in_sight_and_the_result_comes_into_view(browser
     page.goto(server.url)
     page.get_by_role("heading", name="Sapiens2 Studio").wait_for()
     tabs = page.get_by_role("tab")
+    # The heading can be drawn before the tab strip: wait for its last tab, then count.
+    page.get_by_role("tab", name="Live webcam", exact=True).wait_for(state="attached")
     assert tabs.count() == 9 and all(tabs.nth(index).is_visible() for index in range(9))
     assert page.get_by_role("button", name="More tabs").count() == 0, "no tab hidden behind '…'"
     page.screenshot(path=str(tmp_path / "phone-tabs.png"))
