@@ -88,6 +88,8 @@ def test_the_first_live_reading_says_it_is_measuring_not_zero_frames_per_second(
     assert live_rate([10.0]) == "first frame, measuring the frame rate"
     assert "0.0" not in live_rate([10.0]) and live_rate([]) == live_rate([10.0])
     assert live_rate([10.0, 10.5, 11.0]) == "2.0 frames per second"
+    # a full-size model on a CPU: not "0.0 frames per second"
+    assert live_rate([0.0, 84.4]) == "84.4 s per frame (0.012 frames per second)"
 
 
 def test_video_and_live_results_have_no_label_badge_over_the_track_ids():

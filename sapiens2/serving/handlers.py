@@ -227,7 +227,7 @@ def video_handler(
                 speeds.record(repo_id, timer.seconds, result.frames)
             view = None if result.view_path is None else set_aside(scratch, result.view_path)
             check_output(scratch, folder)
-        line = f"{result.frames} frames at {result.frames_per_second:.1f} frames per second, with {repo_id}."
+        line = f"{result.frames} frames at {speed_text(result.frames_per_second)}, with {repo_id}."
         summary_text = "\n".join([line, *(f"- {note}" for note in result.notes)])
         return str(result.video_path), summary_text, [str(p) for p in downloadable(result.files)], view
 
@@ -342,7 +342,15 @@ def live_rate(times: Sequence[float]) -> str:
     """The live frame rate over the shown frames' times; the first frame has none yet (not "0.0")."""
     if len(times) < 2 or times[-1] <= times[0]:
         return "first frame, measuring the frame rate"
-    return f"{(len(times) - 1) / (times[-1] - times[0]):.1f} frames per second"
+    return speed_text((len(times) - 1) / (times[-1] - times[0]))
+
+
+def speed_text(frames_per_second: float) -> str:
+    """A frame rate as people read it: "2.0 frames per second", or below one, the seconds each frame took
+    too ("84.4 s per frame (0.012 frames per second)") rather than "0.0 frames per second"."""
+    if frames_per_second >= 0.95 or frames_per_second <= 0:
+        return f"{frames_per_second:.1f} frames per second"
+    return f"{1 / frames_per_second:.1f} s per frame ({frames_per_second:.2g} frames per second)"
 
 
 def _live_follower(runtime: Runtime, entry: Task) -> FrameFollower | None:
