@@ -32,9 +32,8 @@ def _held(path, write):
     return _original(path, partly)
 
 
-exports._atomic_write = _held
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # only in the program it launches: importing HELD changes nothing
+    exports._atomic_write = _held
     if sys.argv[1] == "-m":
         sys.argv = [sys.argv[2], *sys.argv[3:]]
         runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
