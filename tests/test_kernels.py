@@ -137,3 +137,18 @@ def test_training_and_other_devices_take_no_measurement(monkeypatch):
     model(torch.randn(1, 3, 64, 48))  # gradients recorded: F.linear, nothing to choose
     with torch.inference_mode():
         model.to(torch.float16)(torch.randn(1, 3, 64, 48))  # a precision oneDNN is not asked for
+
+
+def test_a_process_adds_what_only_it_measured_and_takes_the_files_choice(tmp_path):
+    path = tmp_path / kernels.FILE_NAME
+    kernels.remember_in(None)
+    work = Work({kernels.ATEN: 1, kernels.ONEDNN: 2})
+    assert kernels.choose("measured before the file", work.candidates(), clock=work.clock) == kernels.ATEN
+    key = f"{kernels.machine_key()} | measured before the file"
+    other = f"{kernels.machine_key()} | another process's"
+    path.write_text(json.dumps({other: kernels.ONEDNN}))
+    kernels.remember_in(path)  # another process (a Ray actor) reading the file computes as this one
+    assert json.loads(path.read_text()) == {other: kernels.ONEDNN, key: kernels.ATEN}
+    slower = Work({kernels.ATEN: 2, kernels.ONEDNN: 1})
+    assert kernels.choose("another process's", slower.candidates(), clock=slower.clock) == kernels.ONEDNN
+    assert sum(slower.runs.values()) == 0

@@ -67,11 +67,16 @@ def machine_key() -> str:
 
 def remember_in(path: str | os.PathLike[str] | None) -> None:
     """Keep the choices in the JSON file `path` too (None: in this process only); a file that cannot be
-    read or written is ignored, so a read-only disk only costs the measurement again."""
+    read or written is ignored, so a read-only disk only costs the measurement again. Every process on the
+    machine reading one file runs the same kernels, so their results agree to the bit: where this process
+    and the file disagree the file wins, and what only this process knows is added to the file."""
     global _file
     with _lock:
         _file = None if path is None else Path(path)
-        _choices.update(_read(_file))
+        saved = _read(_file)
+        _choices.update(saved)
+        if _file is not None and not _choices.keys() <= saved.keys():
+            _write(_file, dict(_choices))
 
 
 def choices() -> dict[str, str]:
