@@ -55,7 +55,7 @@ def test_exported_blocks_match_eager():
     with torch.no_grad():
         tokens, rope, _ = vit.embed(pixels)
         for block in vit.blocks:
-            program = programs[aot.layout(block, tokens)].module()
+            program = programs[aot.layout(block, tokens)].program.module()
             program.load_state_dict(block.state_dict())
             torch.testing.assert_close(program(tokens, rope), block(tokens, rope), atol=1e-5, rtol=1e-5)
 
@@ -124,6 +124,33 @@ def test_a_model_that_does_not_export_stays_eager_after_one_log_line(caplog):
     )
     assert blocks == []
     assert all("forward" not in block.__dict__ for block in aot.backbones(model)[0].blocks)
+    assert torch.equal(outputs(model, pixels), eager)
+    warnings = aot_warnings(caplog)
+    assert len(warnings) == 1 and warnings[0].startswith("ahead-of-time compilation failed"), warnings
+
+
+@pytest.mark.parametrize("wrong", ["disagrees", "raises"])
+def test_a_compiled_block_is_checked_against_eager_before_it_is_used(wrong, caplog):
+    model = tiny_model("seg", seed=5)
+    pixels = torch.randn(2, 3, *SIZE)
+    eager = outputs(model, pixels)
+    loaded = []
+
+    def load(archive: bytes, weights: dict) -> object:
+        def run(tokens, rope, **kwargs):
+            if wrong == "raises":
+                raise RuntimeError("the program cannot run")
+            return tokens * 1.1  # close to the block's output, but not within bf16's tolerance
+
+        loaded.append(sorted(weights))
+        return run
+
+    compiler = aot.Compiler(aot.capture_call, lambda program: b"a package", load)
+    with pytest.raises(RuntimeError, match="disagrees with eager|cannot run"):
+        aot.compile_models([model], [SIZE], compiler)
+    assert loaded and all(names for names in loaded)  # loaded with the block's own tensors
+    blocks = aot.compiled_or_eager([model], lambda: aot.compile_models([model], [SIZE], compiler), load)
+    assert blocks == []
     assert torch.equal(outputs(model, pixels), eager)
     warnings = aot_warnings(caplog)
     assert len(warnings) == 1 and warnings[0].startswith("ahead-of-time compilation failed"), warnings

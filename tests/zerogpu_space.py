@@ -6,12 +6,14 @@ and results pickled through its queues, Gradio's progress sent back from the wor
 real GPU is stood in for: the device API answers from 127.0.0.1 (`tests/test_zerogpu.py` serves it and sets
 SPACES_ZERO_GPU and SPACES_ZERO_DEVICE_API_URL), and the two functions that touch CUDA in a worker,
 `spaces.zero.torch.init` and `move`, are replaced below by ones that put the packed tensors in CPU memory
-where the real `move` puts them on the GPU.
+where the real `move` puts them on the GPU. `ZEROGPU_SPACE_CRASH_COMPILE=1` makes the start-up compile's
+worker die of a segmentation fault.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -52,5 +54,15 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
 
+
+def crash(*args, **kwargs) -> None:
+    """The whole process ends as a segmentation fault ends it: no exception, no cleanup."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
 if __name__ == "__main__":
+    if os.environ.get("ZEROGPU_SPACE_CRASH_COMPILE") == "1":
+        from sapiens2.models import aot
+
+        aot.compile_models = crash  # in the start-up's GPU worker, which inherits it
     app.main(sys.argv[1:])

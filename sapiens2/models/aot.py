@@ -16,6 +16,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,11 +136,24 @@ def example_pixels(vit: VisionTransformer, image_size: tuple[int, int]) -> Tenso
 # ---- export and compile ---------------------------------------------------------------------------------
 
 
+@dataclass
+class ExportedBlock:
+    """A block layout's exported program, with the block and the call it was exported from (to check the
+    compiled program against)."""
+
+    program: torch.export.ExportedProgram
+    block: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
 @torch.inference_mode(False)
-def export_blocks(model: nn.Module, image_size: tuple[int, int], capture: Callable) -> dict[tuple, Any]:
+def export_blocks(
+    model: nn.Module, image_size: tuple[int, int], capture: Callable
+) -> dict[tuple, ExportedBlock]:
     """Each distinct block layout of `model`'s backbones, exported with a dynamic batch from the call it gets
-    when the backbone runs a batch of photos of `image_size`: {layout: exported program}."""
-    exported: dict[tuple, Any] = {}
+    when the backbone runs a batch of photos of `image_size`: {layout: exported block}."""
+    exported: dict[tuple, ExportedBlock] = {}
     for vit in backbones(model):
         pixels = example_pixels(vit, image_size)
         seen: set[tuple] = set()
@@ -156,19 +170,47 @@ def export_blocks(model: nn.Module, image_size: tuple[int, int], capture: Callab
                 raise RuntimeError(f"the call of a {type(block).__name__} was not captured")
             batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
             shapes = ({0: batch}, tuple(None for _ in call.args[1])) if call.args[1] is not None else None
-            exported[key] = torch.export.export(block, call.args, call.kwargs or {}, dynamic_shapes=shapes)
+            kwargs = call.kwargs or {}
+            program = torch.export.export(block, call.args, kwargs, dynamic_shapes=shapes)
+            exported[key] = ExportedBlock(program, block, call.args, kwargs)
     return exported
+
+
+def check_compiled(package: bytes, exported: ExportedBlock, load: Callable) -> None:
+    """Load `package` with the block's own tensors and run it on the exported call: a program that fails or
+    disagrees with the eager block raises here, where the whole compile can fall back to eager (on ZeroGPU
+    this runs in the compiling worker, so even a crash of the loaded program costs only that worker)."""
+    runner = load(package, block_tensors(exported.block))
+    with torch.no_grad():
+        expected = exported.block(*exported.args, **exported.kwargs)
+        actual = runner(*exported.args, **exported.kwargs)
+    if isinstance(actual, (list, tuple)):
+        actual = actual[0]
+    tolerance = 1e-3 if expected.dtype == torch.float32 else 3e-2
+    expected, actual = expected.float(), actual.float()
+    error = float((actual - expected).norm() / expected.norm().clamp_min(1e-12))
+    if not error <= tolerance:
+        raise RuntimeError(
+            f"a compiled block disagrees with eager (relative error {error:.3g} > {tolerance})"
+        )
 
 
 def compile_models(
     models: Iterable[nn.Module], image_sizes: Iterable[tuple[int, int]], compiler: Compiler
 ) -> dict[tuple, bytes]:
-    """{block layout: compiled package} for every distinct block layout of `models` (run at `image_sizes`)."""
+    """{block layout: compiled package} for every distinct block layout of `models` (run at `image_sizes`),
+    each checked against its eager block before it is returned."""
     packages: dict[tuple, bytes] = {}
     for model, image_size in zip(models, image_sizes, strict=True):
-        for key, program in export_blocks(model, image_size, compiler.capture).items():
+        started = time.perf_counter()
+        exported = export_blocks(model, image_size, compiler.capture)
+        log.info("%d block layouts exported in %.1f s", len(exported), time.perf_counter() - started)
+        for key, block in exported.items():
             if key not in packages:
-                packages[key] = compiler.compile(program)
+                started = time.perf_counter()
+                packages[key] = compiler.compile(block.program)
+                check_compiled(packages[key], block, compiler.load)
+                log.info("a block layout compiled and checked in %.1f s", time.perf_counter() - started)
     return packages
 
 
