@@ -2,30 +2,48 @@
 (`sapiens2.models.aot`: torch.export of each block layout, AOTInductor, each block on its own weights), here
 with torch's own AOTInductor, since spaces' helpers need a ZeroGPU worker.
 
-    python bench/bench_aot_cuda.py [--sizes 0.4b 1b] [--batches 1 4] [--json FILE]
+    python bench/bench_aot_cuda.py [--sizes 0.4b 1b] [--batches 1 4] [--copied-constants] [--json FILE]
+    python bench/bench_aot_cuda.py --cpu-smoke  # a tiny backbone on the CPU: checks this script's logic only
 
 Models at the official widths with random weights (built on the GPU, nothing read or written), bf16,
 1024x768. Prints the compile time of each size and, per batch, eager and compiled milliseconds per forward
-of the backbone with their ratio, and the largest difference of the outputs.
+of the backbone with their ratio, and the largest difference of the outputs. Each stage is said as it starts
+and a crash prints the Python stack (faulthandler), so a run cut short still shows how far it got.
+`--copied-constants` loads each block's weights as copies owned by the compiled program instead of the
+block's own tensors (the app's way), to tell the two apart when one fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import io
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from sapiens2.models import aot, presets  # noqa: E402
+from sapiens2.models.aot import load_package  # noqa: E402
 from sapiens2.models.config import Sapiens2Config  # noqa: E402
 from sapiens2.models.modeling import build_model  # noqa: E402
 
 SIZE = (1024, 768)
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed(model: torch.nn.Module, pixels: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
@@ -33,28 +51,48 @@ def timed(model: torch.nn.Module, pixels: torch.Tensor, repeats: int) -> tuple[f
     with torch.inference_mode():
         for _ in range(2):
             output = model(pixels).last_hidden_state
-        torch.cuda.synchronize()
+        sync(pixels.device)
         start = time.perf_counter()
         for _ in range(repeats):
             output = model(pixels).last_hidden_state
-        torch.cuda.synchronize()
+        sync(pixels.device)
     return 1000 * (time.perf_counter() - start) / repeats, output
 
 
-def bench(size: str, batches: list[int], repeats: int) -> dict:
-    with torch.device("cuda"):
-        model = build_model(Sapiens2Config.from_dict(presets.preset_config(size, "pretrain")))
+def load_copied(archive: bytes, weights: dict[str, torch.Tensor]):
+    """A package loaded with copies of `weights` that the compiled program owns."""
+    runner = torch._inductor.aoti_load_package(io.BytesIO(archive))
+    constants = {name: weights[name].detach().clone() for name in runner.get_constant_fqns()}
+    runner.load_constants(constants, check_full_update=True, user_managed=False)
+    return runner
+
+
+def bench(size: str, args: argparse.Namespace) -> dict:
+    device = torch.device("cpu" if args.cpu_smoke else "cuda")
+    config = presets.preset_config(size, "pretrain")
+    if args.cpu_smoke:
+        from tiny_models import TINY_BACKBONE
+
+        config = {**config, **TINY_BACKBONE}
+    image_size = (64, 48) if args.cpu_smoke else SIZE
+    with torch.device(device):
+        model = build_model(Sapiens2Config.from_dict(config))
     model = model.to(torch.bfloat16).eval()
+    say(f"{size}: exporting and compiling the blocks")
     start = time.perf_counter()
-    packages = aot.compile_models([model], [SIZE], aot.local_compiler())
+    packages = aot.compile_models([model], [image_size], aot.local_compiler())
     compile_seconds = time.perf_counter() - start
+    say(f"{size}: {len(packages)} programs compiled in {compile_seconds:.0f} s")
+    load = load_copied if args.copied_constants else load_package
     rows = []
-    for batch in batches:
-        pixels = torch.randn(batch, 3, *SIZE, device="cuda", dtype=torch.bfloat16)
+    for batch in args.batches:
+        pixels = torch.randn(batch, 3, *image_size, device=device, dtype=torch.bfloat16)
         aot.remove_compiled([model])
-        eager_ms, eager = timed(model, pixels, repeats)
-        blocks = aot.apply_compiled([model], packages, aot.load_package)
-        compiled_ms, compiled = timed(model, pixels, repeats)
+        say(f"{size} batch {batch}: eager")
+        eager_ms, eager = timed(model, pixels, args.repeats)
+        blocks = aot.apply_compiled([model], packages, load)
+        say(f"{size} batch {batch}: compiled blocks (loaded on first use)")
+        compiled_ms, compiled = timed(model, pixels, args.repeats)
         assert all(block.compiled_calls for block in blocks), "the compiled blocks were not used"
         difference = (compiled.float() - eager.float()).abs().max().item()
         rows.append(
@@ -66,10 +104,9 @@ def bench(size: str, batches: list[int], repeats: int) -> dict:
                 "max_abs_difference": difference,
             }
         )
-        print(
+        say(
             f"{size} batch {batch}: eager {eager_ms:.1f} ms, AoT {compiled_ms:.1f} ms, "
-            f"x{eager_ms / compiled_ms:.2f}, max |diff| {difference:.3g}",
-            flush=True,
+            f"x{eager_ms / compiled_ms:.2f}, max |diff| {difference:.3g}"
         )
     aot.remove_compiled([model])
     return {"size": size, "programs": len(packages), "compile_seconds": compile_seconds, "runs": rows}
@@ -80,18 +117,20 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["0.4b", "1b"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--copied-constants", action="store_true", help="compiled programs own weight copies")
+    parser.add_argument(
+        "--cpu-smoke", action="store_true", help="a tiny backbone on the CPU (the logic only)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("this benchmark needs a CUDA GPU")
-    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sizes": []}
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        sys.exit("this benchmark needs a CUDA GPU (--cpu-smoke checks the script on the CPU)")
+    faulthandler.enable()
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
+    gpu = "cpu" if args.cpu_smoke else torch.cuda.get_device_name()
+    results = {"gpu": gpu, "torch": torch.__version__, "copied_constants": args.copied_constants, "sizes": []}
     for size in args.sizes:
-        results["sizes"].append(bench(size, args.batches, args.repeats))
-        print(
-            f"{size}: {results['sizes'][-1]['programs']} programs compiled in "
-            f"{results['sizes'][-1]['compile_seconds']:.0f} s",
-            flush=True,
-        )
+        results["sizes"].append(bench(size, args))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

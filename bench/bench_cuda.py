@@ -160,8 +160,11 @@ def warm_up_seconds(forward: Callable[[], object], device: torch.device) -> floa
 
 
 def counted_tflop(model: nn.Module, pixels: torch.Tensor) -> float:
-    """TFLOP of one image counted by PyTorch (2 per multiply-add, attention included)."""
-    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+    """TFLOP of one image counted by PyTorch (2 per multiply-add, attention included). Attention runs as its
+    plain matrix products here: the counter's formulas for the fused CUDA kernels reject their own layouts
+    (torch 2.11 on an H200)."""
+    math_only = torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)
+    with FlopCounterMode(display=False) as counter, math_only, torch.inference_mode():
         model(pixels[:1])
     return counter.get_total_flops() / 1e12
 
