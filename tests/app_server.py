@@ -67,8 +67,9 @@ class Server:
     demo: gr.Blocks
     scratch: ScratchSpace
 
-    def client(self) -> Client:
-        return Client(self.url, verbose=False, download_files=True)
+    def client(self, download_files: bool = True) -> Client:
+        """A client of the server; without `download_files` it gets each file's address, not its bytes."""
+        return Client(self.url, verbose=False, download_files=download_files)
 
 
 def free_port() -> int:
