@@ -22,14 +22,13 @@ import pyarrow.fs as pafs
 
 from sapiens2.batch.cluster.storage import Place, read_bytes, write_outputs
 from sapiens2.batch.cluster.tables import RECORD, failure, packed, unpacked
+from sapiens2.batch.cluster.worker import start_worker
 from sapiens2.batch.plan import Plan
 from sapiens2.batch.report import TASK_ERRORS, reason
 from sapiens2.batch.retry import each_alone_on_failure
-from sapiens2.models import kernels
 from sapiens2.outputs.results import TaskOptions, TaskResult
 from sapiens2.pipelines.context import PipelineContext
 from sapiens2.pipelines.steps import Photo, Step
-from sapiens2.runtime.arguments import kernel_choices_file
 from sapiens2.runtime.boundary import DeviceWork
 from sapiens2.runtime.host import Host
 from sapiens2.settings import Settings, install
@@ -168,7 +167,7 @@ class ModelStage:
         import torch
 
         self.job, self.steps = job, job.groups()[group][1]
-        install(job.settings)
+        start_worker(job.settings)
         self.first, self.stop = job.step_range(group)
         self.host = Host(
             device=job.device,
@@ -180,9 +179,6 @@ class ModelStage:
         if self.host.device.type == "cpu":
             # Ray starts workers with one thread per reserved CPU; a model on CPUs uses the node's cores.
             torch.set_num_threads(len(os.sched_getaffinity(0)))
-            # The kernels measured fastest on this machine, as the command line keeps them: the same file,
-            # so every actor and a run without --ray compute alike.
-            kernels.remember_in(kernel_choices_file())
         self.node = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:

@@ -12,14 +12,13 @@ from pathlib import Path
 import ray
 
 from sapiens2.batch.cluster.storage import Found, Place
+from sapiens2.batch.cluster.worker import start_worker
 from sapiens2.batch.inputs import Source
 from sapiens2.batch.local import Run
 from sapiens2.batch.report import Report
 from sapiens2.batch.request import BatchRequest
-from sapiens2.models import kernels
 from sapiens2.runtime import Runtime
-from sapiens2.runtime.arguments import kernel_choices_file
-from sapiens2.settings import Settings, install
+from sapiens2.settings import Settings
 
 NOT_LOCAL = (
     "Videos run with --ray from a local path into a local output folder (or file:// URIs), one video per "
@@ -60,8 +59,7 @@ def run_videos(
 
 def _run_video(request: BatchRequest, settings: Settings, source: Source) -> Report:
     """One video through every task of the request, in a Ray worker, with a runtime of its own."""
-    install(settings)
-    kernels.remember_in(kernel_choices_file())  # the kernels of a run without Ray: the same bytes
+    start_worker(settings)
     runtime = Runtime(
         device=request.device,
         dtype=request.dtype,
