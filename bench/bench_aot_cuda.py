@@ -9,8 +9,8 @@ Models at the official widths with random weights (built on the GPU, nothing rea
 1024x768. Prints the compile time of each size and, per batch, eager and compiled milliseconds per forward
 of the backbone with their ratio, and the largest difference of the outputs. Each stage is said as it starts
 and a crash prints the Python stack (faulthandler), so a run cut short still shows how far it got.
-`--copied-constants` loads each block's weights as copies owned by the compiled program instead of the
-block's own tensors (the app's way), to tell the two apart when one fails.
+`--copied-constants` gives each loaded program copies of its block's weights that it owns, where the app
+gives it the block's own tensors, to tell the two apart when one fails.
 """
 
 from __future__ import annotations
