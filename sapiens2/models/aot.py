@@ -177,22 +177,27 @@ def export_blocks(
 
 
 def check_compiled(package: bytes, exported: ExportedBlock, load: Callable) -> None:
-    """Load `package` with the block's own tensors and run it on the exported call: a program that fails or
-    disagrees with the eager block raises here, where the whole compile can fall back to eager (on ZeroGPU
-    this runs in the compiling worker, so even a crash of the loaded program costs only that worker)."""
+    """Load `package` with the block's own tensors and run it on the exported call, and on its first photo
+    alone (a batch of 1, the commonest request): a program that fails or disagrees with the eager block
+    raises here, where the whole compile can fall back to eager (on ZeroGPU this runs in the compiling
+    worker, so even a crash of the loaded program costs only that worker)."""
     runner = load(package, block_tensors(exported.block))
-    with torch.no_grad():
-        expected = exported.block(*exported.args, **exported.kwargs)
-        actual = runner(*exported.args, **exported.kwargs)
-    if isinstance(actual, (list, tuple)):
-        actual = actual[0]
-    tolerance = 1e-3 if expected.dtype == torch.float32 else 3e-2
-    expected, actual = expected.float(), actual.float()
-    error = float((actual - expected).norm() / expected.norm().clamp_min(1e-12))
-    if not error <= tolerance:
-        raise RuntimeError(
-            f"a compiled block disagrees with eager (relative error {error:.3g} > {tolerance})"
-        )
+    tokens, *rest = exported.args
+    for batch in (tokens, tokens[:1]):
+        args = (batch, *rest)
+        with torch.no_grad():
+            expected = exported.block(*args, **exported.kwargs)
+            actual = runner(*args, **exported.kwargs)
+        if isinstance(actual, (list, tuple)):
+            actual = actual[0]
+        tolerance = 1e-3 if expected.dtype == torch.float32 else 3e-2
+        expected, actual = expected.float(), actual.float()
+        error = float((actual - expected).norm() / expected.norm().clamp_min(1e-12))
+        if not error <= tolerance:
+            raise RuntimeError(
+                f"a compiled block disagrees with eager at a batch of {len(batch)} "
+                f"(relative error {error:.3g} > {tolerance})"
+            )
 
 
 def compile_models(
