@@ -16,17 +16,16 @@ from sapiens2.outputs.bundle import member_compression, write_zip
 @pytest.fixture
 def files(tmp_path):
     rng = np.random.default_rng(0)
+    _, png = cv2.imencode(".png", rng.integers(0, 256, (900, 1200), np.uint8))
     made = {
         "pose/photo_pose.json": b'{"people": []}' * 2000,  # text: compresses well
         "segment/photo_segmentation.npy": np.zeros((3000, 4000), np.uint8).tobytes(),  # flat labels
         "normals/photo_normals.npy": rng.standard_normal((600, 800, 3)).astype(np.float32).tobytes(),
-        "matting/photo_alpha.png": cv2.imencode(".png", rng.integers(0, 256, (900, 1200), np.uint8))[
-            1
-        ].tobytes(),
+        "matting/photo_alpha.png": png.tobytes(),
     }
     for name, data in made.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_bytes(bytes(data))
+        (tmp_path / name).write_bytes(data)
     return tmp_path, made
 
 
@@ -37,7 +36,7 @@ def test_every_file_is_whole_under_its_task_folder(files):
         assert archive.testzip() is None  # every member's CRC checked
         assert sorted(archive.namelist()) == sorted(made)
         for name, data in made.items():
-            assert archive.read(name) == bytes(data)
+            assert archive.read(name) == data
     assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []  # no partial zip left
 
 
