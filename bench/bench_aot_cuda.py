@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import io
+import functools
 import json
 import logging
 import sys
@@ -59,14 +59,6 @@ def timed(model: torch.nn.Module, pixels: torch.Tensor, repeats: int) -> tuple[f
     return 1000 * (time.perf_counter() - start) / repeats, output
 
 
-def load_copied(archive: bytes, weights: dict[str, torch.Tensor]):
-    """A package loaded with copies of `weights` that the compiled program owns."""
-    runner = torch._inductor.aoti_load_package(io.BytesIO(archive))
-    constants = {name: weights[name].detach().clone() for name in runner.get_constant_fqns()}
-    runner.load_constants(constants, check_full_update=True, user_managed=False)
-    return runner
-
-
 def bench(size: str, args: argparse.Namespace) -> dict:
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
     config = presets.preset_config(size, "pretrain")
@@ -78,7 +70,7 @@ def bench(size: str, args: argparse.Namespace) -> dict:
     with torch.device(device):
         model = build_model(Sapiens2Config.from_dict(config))
     model = model.to(torch.bfloat16).eval()
-    load = load_copied if args.copied_constants else load_package
+    load = functools.partial(load_package, copies=args.copied_constants)
     say(f"{size}: exporting and compiling the blocks (each loaded and checked against eager)")
     start = time.perf_counter()
     compiler = aot.Compiler(aot.capture_call, aot.compile_package, load)

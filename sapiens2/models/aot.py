@@ -95,12 +95,15 @@ def load_package(
     archive: bytes,
     weights: dict[str, Tensor],
     unpacking: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    copies: bool = False,
 ) -> Callable[..., Any]:
-    """A compiled package loaded with `weights` as its constants (unpacked within `unpacking()`)."""
+    """A compiled package loaded with `weights` as its constants (unpacked within `unpacking()`): the
+    tensors themselves, or with `copies` copies that the package owns."""
     with unpacking():
         runner = torch._inductor.aoti_load_package(io.BytesIO(archive))
-    constants = {name: weights[name] for name in runner.get_constant_fqns()}
-    runner.load_constants(constants, check_full_update=True, user_managed=True)
+    names = runner.get_constant_fqns()
+    constants = {name: weights[name].detach().clone() if copies else weights[name] for name in names}
+    runner.load_constants(constants, check_full_update=True, user_managed=not copies)
     return runner
 
 
