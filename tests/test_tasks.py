@@ -8,13 +8,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
-from tiny_models import write_tiny_4k_checkpoint
+from tiny_models import balance_background, write_tiny_4k_checkpoint
 
 from sapiens2.data.metadata import body_parts, keypoints308
 from sapiens2.models.config import Sapiens2Config
-from sapiens2.models.kinds import POINTMAP, SEG
+from sapiens2.models.kinds import POINTMAP
 from sapiens2.pipelines.segment import class_meta
 from sapiens2.runtime.runtime import Runtime
 from sapiens2.tasks import export_result
@@ -46,15 +45,7 @@ def photo():
 
 @pytest.fixture(scope="module")
 def half_background(runtime, photo):
-    """Shift the tiny body-part model's background logit so that about half the photo is background."""
-    repo_id = get_task("segment").repo_id(None)
-    model = runtime.model(repo_id)
-    inputs = preprocess([photo.model_rgb], runtime.settings(repo_id, SEG))
-    logits = runtime.forward(model, inputs).logits[0]
-    margin = logits[1:].amax(dim=0) - logits[0]
-    with torch.no_grad():
-        model.decode_head.conv_seg.bias[0] += margin.median()
-    seg = runtime.run("segment", photo).prediction.labels
+    seg = balance_background(runtime, photo)
     assert 0.2 < (seg == 0).mean() < 0.8
     return seg
 
@@ -144,9 +135,7 @@ def test_pose_json_has_every_person_and_keypoint(runtime, photo, tmp_path):
     assert 1 <= len(persons) <= 3 and len(document["persons"]) == len(persons)
     for record, person in zip(document["persons"], persons, strict=True):
         assert len(record["keypoints"]) == 308
-        np.testing.assert_allclose(
-            [k["x"] for k in record["keypoints"]], person.keypoints[:, 0], atol=0.01
-        )
+        np.testing.assert_allclose([k["x"] for k in record["keypoints"]], person.keypoints[:, 0], atol=0.01)
     assert document["image"] == {"width": photo.original_size[1], "height": photo.original_size[0]}
 
 

@@ -208,3 +208,20 @@ class CentreBox:
         height, width = image_rgb.shape[:2]
         box = np.array([[width * 0.25, height * 0.1, width * 0.5, height * 0.8]], dtype=np.float32)
         return Detections(box, np.array([0.9], dtype=np.float32), found=1)
+
+
+def balance_background(runtime: Any, photo: Any) -> np.ndarray:
+    """Shift the tiny body-part model's background logit (of the segment task's default checkpoint, in
+    `runtime`'s cache) so that about half of `photo` is background; its labels of the photo afterwards."""
+    from sapiens2.models.kinds import SEG
+    from sapiens2.tasks import get_task
+    from sapiens2.vision.processing import preprocess
+
+    repo_id = get_task("segment").repo_id(None)
+    model = runtime.model(repo_id)
+    inputs = preprocess([photo.model_rgb], runtime.settings(repo_id, SEG))
+    logits = runtime.forward(model, inputs).logits[0]
+    margin = logits[1:].amax(dim=0) - logits[0]
+    with torch.no_grad():
+        model.decode_head.conv_seg.bias[0] += margin.median()
+    return runtime.run("segment", photo).prediction.labels

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from sapiens2.models.kinds import ModelKind
@@ -21,10 +22,13 @@ INPUT: InputName = "input"  # the task model's input; the helper body-part model
 @dataclass
 class ModelInputs(StepValues):
     """What the whole-photo tasks' resize steps leave: the photo resized (and padded) for the task's model
-    (`input`) and for its helper model (`helper_input`), uint8 (1, 3, H, W), until a forward takes it."""
+    (`input`) and for its helper model (`helper_input`), uint8 (1, 3, H, W), until a forward takes it; and
+    the helper body-part model's class ids (H, W) of the photo at its size when the caller already has them
+    (`given_body_parts`: All tasks gives the body-part task's, so that model does not run again)."""
 
     input: torch.Tensor | None = None
     helper_input: torch.Tensor | None = None
+    given_body_parts: np.ndarray | None = None
 
 
 def resize_step(name: InputName = INPUT, repo_id: str | None = None, kind: ModelKind | None = None) -> Step:

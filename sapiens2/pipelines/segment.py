@@ -126,20 +126,34 @@ def helper_resize_step() -> Step:
     """A CPU step resizing each photo for the helper body-part model, when the task's option asks for the
     background mask."""
 
-    def run(context: PipelineContext, photos: Sequence[Photo]) -> None:
+    def run(context: PipelineContext, photos: Sequence[Photo[ModelInputs]]) -> None:
         if _masking(context):
-            resize_step(HELPER_INPUT, _helper_repo_id(context), SEG).run(context, photos)
+            resize_step(HELPER_INPUT, _helper_repo_id(context), SEG).run(context, _without_labels(photos))
 
     return Step(f"resize_{SEG.name}", run)
 
 
-def background_masks(context: PipelineContext, photos: Sequence[Photo]) -> list[np.ndarray | None]:
+def _without_labels(photos: Sequence[Photo[ModelInputs]]) -> list[Photo[ModelInputs]]:
+    return [photo for photo in photos if photo.values.given_body_parts is None]
+
+
+def background_masks(
+    context: PipelineContext, photos: Sequence[Photo[ModelInputs]]
+) -> list[np.ndarray | None]:
     """True where the task's helper body-part model sees background, when the task's option asks for it;
-    else None per photo."""
+    else None per photo. The helper runs only on the photos not given its labels."""
     if not _masking(context):
         return [None] * len(photos)
-    labels = body_part_labels(context, photos, HELPER_INPUT, _helper_repo_id(context))
-    return [seg == 0 for seg in labels]
+    left = _without_labels(photos)
+    computed = iter(body_part_labels(context, left, HELPER_INPUT, _helper_repo_id(context)) if left else ())
+    masks = []
+    for photo in photos:
+        given, photo.values.given_body_parts = photo.values.given_body_parts, None
+        labels = next(computed) if given is None else given
+        if labels.shape != photo.image.original_size:
+            raise ValueError(f"body-part labels of {labels.shape} for a photo of {photo.image.original_size}")
+        masks.append(labels == 0)
+    return masks
 
 
 # ---- the task ---------------------------------------------------------------------------------------------

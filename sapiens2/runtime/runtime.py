@@ -16,6 +16,7 @@ from sapiens2.runtime.boundary import DeviceOutcome, DeviceWork
 from sapiens2.runtime.host import COMPILE_ENV, DEFAULT_BATCH_SIZE, Host
 from sapiens2.runtime.jobs import check_cancelled
 from sapiens2.tasks.outputs import draw_result
+from sapiens2.tasks.overview import values_from_earlier
 from sapiens2.tasks.registry import ALL_TASKS, TASKS, Task, get_task
 from sapiens2.vision.images import LoadedImage, load_image
 
@@ -168,7 +169,8 @@ class Runtime:
     def run_all(
         self, image: Any, *, size: str | None = None, progress: Progress | None = None
     ) -> list[TaskResult]:
-        """Every picture task on one photo, sharing the cached models (the body-part model among them)."""
+        """Every picture task on one photo, sharing the cached models and the body-part labels (normals and
+        depth mask their background with the body-part task's)."""
         loaded = image if isinstance(image, LoadedImage) else load_image(image)
         results = []
         for index, name in enumerate(ALL_TASKS):
@@ -176,8 +178,24 @@ class Runtime:
             task = TASKS[name]
             count = len(ALL_TASKS)
             step = within(progress, index / count, (index + 1) / count, f"{task.title}: ")
-            results.append(self.run(name, loaded, size=task.size_or_default(size), progress=step))
+            results.append(self.run_after(name, loaded, results, size=size, progress=step))
         return results
+
+    def run_after(
+        self,
+        task: str,
+        image: LoadedImage,
+        earlier: Sequence[TaskResult],
+        *,
+        size: str | None = None,
+        progress: Progress | None = None,
+    ) -> TaskResult:
+        """One task of All tasks on `image` (at its own size for `size`, with default options), after the
+        `earlier` results of the same photo, taking what it can from them (`values_from_earlier`)."""
+        entry = get_task(task)
+        own_size = entry.size_or_default(size)
+        given = values_from_earlier(entry, entry.repo_id(own_size), earlier)
+        return self.run(task, image, size=own_size, progress=progress, given=given)
 
     def offered_sizes(self, task: str) -> list[str]:
         """The model sizes to offer for `task`: every size while models can be downloaded; without the Hub

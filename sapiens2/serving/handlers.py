@@ -128,9 +128,8 @@ def overview_handler(
             for index, task in enumerate(TASKS[name] for name in ALL_TASKS):
 
                 def work(report: Progress, task: Task = task) -> tuple[TaskResult, str]:
-                    own_size = task.size_or_default(size)
                     with holding_device(slot, report):
-                        result = runtime.run(task.name, photo, size=own_size, progress=report)
+                        result = runtime.run_after(task.name, photo, results, size=size, progress=report)
                     return result, picture_files(folder / task.name, stem, task, result)[0]
 
                 def tile(update: Any, index: int = index) -> list:
