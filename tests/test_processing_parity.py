@@ -18,6 +18,7 @@ from transformers import Sapiens2ImageProcessor
 
 from sapiens2.errors import ConfigError
 from sapiens2.models.kinds import KINDS
+from sapiens2.vision import processing
 from sapiens2.vision.processing import ProcessorSettings, crop_persons, preprocess
 
 TOLERANCE = 1e-4
@@ -99,7 +100,8 @@ def test_person_crops_match_reference(name: str) -> None:
 
 def test_person_crops_at_default_size_match_reference() -> None:
     image = _photo("grace_hopper.jpg")
-    boxes = [[120.0, 80.0, 260.0, 500.0], [300.0, 300.0, 150.0, 200.0]]  # one shrinks, one enlarges
+    # One shrinks, one enlarges, one enlarges past the right and bottom edges.
+    boxes = [[120.0, 80.0, 260.0, 500.0], [300.0, 300.0, 150.0, 200.0], [450.0, 520.0, 100.0, 120.0]]
     ours = crop_persons(image, np.array(boxes), ProcessorSettings())
     _assert_close(ours, _reference(image, (1024, 768), boxes=[boxes]))
 
@@ -249,3 +251,19 @@ def test_unreadable_config_raises_config_error(tmp_path: Path) -> None:
     (tmp_path / "preprocessor_config.json").write_text("{not json")
     with pytest.raises(ConfigError):
         ProcessorSettings.from_pretrained_dir(tmp_path)
+
+
+@pytest.mark.parametrize("height", [40.0, 300.0, 700.0, 1200.0])  # crop scales from 20 down to 0.7
+def test_banded_and_gathered_crops_agree(height: float) -> None:
+    """Crops at half scale or more are sampled by banded matrix products, the others by gathering each tap;
+    both ways give the same crop, here at every scale and past the photo's edges."""
+    image = _photo("astronaut.png")
+    box = [[image.shape[1] - 0.6 * height * 0.5, -0.2 * height, 0.6 * height, height]]
+    settings = ProcessorSettings()
+    banded = crop_persons(image, box, settings)
+    gathered = processing._banded_crop
+    try:
+        processing._banded_crop = processing._gathered_crop
+        assert (crop_persons(image, box, settings) - banded).abs().max() <= 1e-5
+    finally:
+        processing._banded_crop = gathered

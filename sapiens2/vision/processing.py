@@ -352,21 +352,69 @@ def crop_persons(
     crops = torch.empty(len(boxes), 3, out_height, out_width)
     for crop, (center_x, center_y), (width, height) in zip(crops, centers, sizes, strict=True):
         step_x, step_y = (out_width - 1) / width, (out_height - 1) / height
-        cubic = bool(torch.minimum(step_x, step_y) >= 1.0)
+        scale = float(torch.minimum(step_x, step_y))
+        cubic = scale >= 1.0
         columns, column_weights = _sampling_taps(center_x, step_x, 0.5 * width, out_width, image_width, cubic)
         rows, row_weights = _sampling_taps(center_y, step_y, 0.5 * height, out_height, image_height, cubic)
-        # Separable: interpolate the distinct source rows along x, then combine them along y. The uint8
-        # gathers run in numpy (much faster than torch indexing here); only crop-sized data becomes float.
-        needed, row_of_tap = torch.unique(rows, return_inverse=True)
-        source_rows = array[needed.numpy()].reshape(len(needed), -1)  # (rows, W * 3)
-        channel_columns = (columns.T.unsqueeze(-1) * 3 + torch.arange(3)).flatten(1)  # (taps, out_width * 3)
-        picked = torch.from_numpy(np.take(source_rows, channel_columns.numpy(), axis=1)).float()
-        along_x = _weighted_sum(picked.unbind(1), column_weights.T.repeat_interleave(3, dim=1))
-        along_y = _weighted_sum(
-            [along_x.index_select(0, tap) for tap in row_of_tap.T], row_weights.T.unsqueeze(-1)
-        )
-        crop.copy_(along_y.view(out_height, out_width, 3).permute(2, 0, 1))
+        # A band of outputs reads about 1 / scale source pixels each: banded matrix products win (3-4 times
+        # faster) down to half scale; below it gathering the two bilinear taps is faster (bench_crops.py).
+        sample = _banded_crop if scale >= _BANDED_FROM_SCALE else _gathered_crop
+        sample(array, crop, (rows, row_weights), (columns, column_weights))
     return _normalize_(crops.to(device) if device is not None else crops, settings)
+
+
+Taps = tuple[torch.Tensor, torch.Tensor]  # source indices (count, taps) and their weights along one axis
+_BAND = 32  # outputs per block of the banded products
+_BANDED_FROM_SCALE = 0.5  # the smallest scale (crop pixels per photo pixel) sampled by banded products
+
+
+def _gathered_crop(array: np.ndarray, crop: torch.Tensor, row_taps: Taps, column_taps: Taps) -> None:
+    """Fill `crop` (3, H, W) from the uint8 photo by gathering each tap: separable, along x then y."""
+    (rows, row_weights), (columns, column_weights) = row_taps, column_taps
+    out_height, out_width = crop.shape[1:]
+    # Separable: interpolate the distinct source rows along x, then combine them along y. The uint8 gathers
+    # run in numpy (much faster than torch indexing here); only crop-sized data becomes float.
+    needed, row_of_tap = torch.unique(rows, return_inverse=True)
+    source_rows = array[needed.numpy()].reshape(len(needed), -1)  # (rows, W * 3)
+    channel_columns = (columns.T.unsqueeze(-1) * 3 + torch.arange(3)).flatten(1)  # (taps, out_width * 3)
+    picked = torch.from_numpy(np.take(source_rows, channel_columns.numpy(), axis=1)).float()
+    along_x = _weighted_sum(picked.unbind(1), column_weights.T.repeat_interleave(3, dim=1))
+    along_y = _weighted_sum(
+        [along_x.index_select(0, tap) for tap in row_of_tap.T], row_weights.T.unsqueeze(-1)
+    )
+    crop.copy_(along_y.view(out_height, out_width, 3).permute(2, 0, 1))
+
+
+def _banded_crop(array: np.ndarray, crop: torch.Tensor, row_taps: Taps, column_taps: Taps) -> None:
+    """Fill `crop` (3, H, W) from the uint8 photo as two banded matrix products, along x then y: each block
+    of outputs times the weights of the few source pixels its taps reach."""
+    (rows, row_weights), (columns, column_weights) = row_taps, column_taps
+    top, left = int(rows.min()), int(columns.min())
+    rows, columns = rows - top, columns - left
+    source = torch.from_numpy(array[top : int(rows.max()) + top + 1, left : int(columns.max()) + left + 1])
+    source = source.permute(2, 0, 1).float()  # (3, rows, columns) reached by any tap
+    across, down = _tap_matrix(columns, column_weights), _tap_matrix(rows, row_weights)
+    along_x = torch.empty(3, source.shape[1], crop.shape[2])
+    for start, stop, first, last in _bands(columns):
+        along_x[:, :, start:stop] = source[:, :, first:last] @ across[start:stop, first:last].T
+    for start, stop, first, last in _bands(rows):
+        crop[:, start:stop] = down[start:stop, first:last] @ along_x[:, first:last]
+
+
+def _tap_matrix(indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The (count, sources) matrix with each output's tap weights at its source indices."""
+    matrix = torch.zeros(len(indices), int(indices.max()) + 1)
+    return matrix.scatter_add_(1, indices, weights)
+
+
+def _bands(indices: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """(start, stop, first source, last source + 1) of each block of `_BAND` consecutive outputs."""
+    lows, highs = indices.min(dim=1).values, indices.max(dim=1).values
+    return [
+        (start, min(start + _BAND, len(indices)), int(lows[start : start + _BAND].min()),
+         int(highs[start : start + _BAND].max()) + 1)
+        for start in range(0, len(indices), _BAND)
+    ]  # fmt: skip
 
 
 def unpad(maps: torch.Tensor, source_size: Size, settings: ProcessorSettings) -> torch.Tensor:
