@@ -16,12 +16,9 @@ def values_from_earlier(task: Task, repo_id: str, earlier: Sequence[TaskResult])
     model does not run on the photo a second time (All tasks: normals and depth mask their background with
     the body-part task's labels). None when nothing fits."""
     helper = task.helper_repo_id(repo_id)
+    if helper is None:
+        return None
     for result in earlier:
-        prediction = result.prediction
-        if (
-            helper is not None
-            and result.model_id == helper
-            and isinstance(prediction, SegmentationPrediction)
-        ):
-            return {"given_body_parts": prediction.labels}
+        if result.model_id == helper and isinstance(result.prediction, SegmentationPrediction):
+            return {"given_body_parts": result.prediction.labels}
     return None

@@ -389,10 +389,10 @@ def _banded_crop(array: np.ndarray, crop: torch.Tensor, row_taps: Taps, column_t
     """Fill `crop` (3, H, W) from the uint8 photo as two banded matrix products, along x then y: each block
     of outputs times the weights of the few source pixels its taps reach."""
     (rows, row_weights), (columns, column_weights) = row_taps, column_taps
-    top, left = int(rows.min()), int(columns.min())
+    top, bottom = int(rows.min()), int(rows.max()) + 1
+    left, right = int(columns.min()), int(columns.max()) + 1
+    source = torch.from_numpy(array[top:bottom, left:right]).permute(2, 0, 1).float()  # what any tap reaches
     rows, columns = rows - top, columns - left
-    source = torch.from_numpy(array[top : int(rows.max()) + top + 1, left : int(columns.max()) + left + 1])
-    source = source.permute(2, 0, 1).float()  # (3, rows, columns) reached by any tap
     across, down = _tap_matrix(columns, column_weights), _tap_matrix(rows, row_weights)
     along_x = torch.empty(3, source.shape[1], crop.shape[2])
     for start, stop, first, last in _bands(columns):
