@@ -158,3 +158,32 @@ def test_a_compiled_block_is_checked_against_eager_before_it_is_used(wrong, capl
     assert torch.equal(outputs(model, pixels), eager)
     warnings = aot_warnings(caplog)
     assert len(warnings) == 1 and warnings[0].startswith("ahead-of-time compilation failed"), warnings
+
+
+def test_models_of_one_width_export_and_compile_each_block_layout_once():
+    """Pose, body parts and the grouped-attention variant: the first two share one layout, the third adds its
+    second; each layout is captured, exported, compiled and checked exactly once."""
+    models = [
+        tiny_model("pose", seed=6),
+        tiny_model("seg", seed=7),
+        tiny_model("seg", seed=8, num_key_value_attention_heads=2),
+    ]
+    captured, compiled = [], []
+
+    def capture(block):
+        captured.append(block)
+        return aot.capture_call(block)
+
+    def compile_program(program):
+        compiled.append(program)
+        return str(len(compiled) - 1).encode()
+
+    def load(archive: bytes, weights: dict):
+        module = compiled[int(archive)].module()
+        module.load_state_dict(weights)
+        return module
+
+    packages = aot.compile_models(models, [SIZE] * 3, aot.Compiler(capture, compile_program, load))
+    assert len(packages) == len(compiled) == len(captured) == 2
+    blocks = [block for model in models for block in aot.backbones(model)[0].blocks]
+    assert len({aot.layout(block, torch.zeros(1, 1)) for block in blocks}) == 2

@@ -17,7 +17,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,14 +152,15 @@ class ExportedBlock:
 
 @torch.inference_mode(False)
 def export_blocks(
-    model: nn.Module, image_size: tuple[int, int], capture: Callable
+    model: nn.Module, image_size: tuple[int, int], capture: Callable, known: Container[tuple] = ()
 ) -> dict[tuple, ExportedBlock]:
     """Each distinct block layout of `model`'s backbones, exported with a dynamic batch from the call it gets
-    when the backbone runs a batch of photos of `image_size`: {layout: exported block}."""
+    when the backbone runs a batch of photos of `image_size`: {layout: exported block}. Layouts in `known`
+    (compiled already, for another model of the same width) are left out."""
     exported: dict[tuple, ExportedBlock] = {}
+    seen: set[tuple] = set(known)
     for vit in backbones(model):
         pixels = example_pixels(vit, image_size)
-        seen: set[tuple] = set()
         for block in vit.blocks:
             with torch.no_grad():
                 tokens, rope, _ = vit.embed(pixels)
@@ -207,18 +208,19 @@ def compile_models(
     models: Iterable[nn.Module], image_sizes: Iterable[tuple[int, int]], compiler: Compiler
 ) -> dict[tuple, bytes]:
     """{block layout: compiled package} for every distinct block layout of `models` (run at `image_sizes`),
-    each checked against its eager block before it is returned."""
+    each exported and compiled once (models of one width share their layouts) and checked against its eager
+    block before it is returned."""
     packages: dict[tuple, bytes] = {}
     for model, image_size in zip(models, image_sizes, strict=True):
         started = time.perf_counter()
-        exported = export_blocks(model, image_size, compiler.capture)
-        log.info("%d block layouts exported in %.1f s", len(exported), time.perf_counter() - started)
+        exported = export_blocks(model, image_size, compiler.capture, known=packages.keys())
+        if exported:
+            log.info("%d block layouts exported in %.1f s", len(exported), time.perf_counter() - started)
         for key, block in exported.items():
-            if key not in packages:
-                started = time.perf_counter()
-                packages[key] = compiler.compile(block.program)
-                check_compiled(packages[key], block, compiler.load)
-                log.info("a block layout compiled and checked in %.1f s", time.perf_counter() - started)
+            started = time.perf_counter()
+            packages[key] = compiler.compile(block.program)
+            check_compiled(packages[key], block, compiler.load)
+            log.info("a block layout compiled and checked in %.1f s", time.perf_counter() - started)
     return packages
 
 
