@@ -307,7 +307,12 @@ def bench_live(args: argparse.Namespace, device: torch.device, results: dict) ->
                 "stages_ms": share,
                 "frames": len(latencies),
             }
+            crop_settings = runtime.settings(tmp, get_kind("pose"))
             del runtime
+    crop_ms = person_crop_ms(frames[4], crop_settings)
+    size = "x".join(map(str, crop_settings.size))
+    print(f"  of the model stage, the person crop on the CPU ({size}): {crop_ms:.1f} ms a frame")
+    results["live crop_ms"] = crop_ms
     detector_ms = yolo_ms(device)
     if detector_ms is not None:
         print(
@@ -315,6 +320,21 @@ def bench_live(args: argparse.Namespace, device: torch.device, results: dict) ->
             "640x480 frame"
         )
         results["live yolo11n_ms"] = detector_ms
+
+
+def person_crop_ms(frame: np.ndarray, settings: Any) -> float:
+    """Median ms of the live frame's person crop (the centre box the benchmark's detector gives)."""
+    from tiny_models import CentreBox
+
+    from sapiens2.vision.processing import crop_persons
+
+    boxes = CentreBox().detect(frame).boxes_xywh
+    times = []
+    for _ in range(21):
+        start = time.perf_counter()
+        crop_persons(frame, boxes, settings)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[1:])
 
 
 def yolo_ms(device: torch.device) -> float | None:
