@@ -10,6 +10,7 @@ on its own, as before (normals and depth run the body-part model again for their
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -28,8 +29,6 @@ def main() -> None:
     parser.add_argument("--mirror", type=Path)
     parser.add_argument("--photo", default=str(ROOT / "assets" / "grace_hopper.jpg"))
     args = parser.parse_args()
-    import os
-
     from cpu_space import write_full_size_mirror
     from tiny_models import CentreBox
 
