@@ -8,12 +8,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from tiny_models import balance_background, write_tiny_4k_checkpoint
 
 from sapiens2.data.metadata import body_parts, keypoints308
 from sapiens2.models.config import Sapiens2Config
-from sapiens2.models.kinds import POINTMAP
+from sapiens2.models.kinds import POINTMAP, POSE
+from sapiens2.pipelines import pose as pose_pipeline
 from sapiens2.pipelines.segment import class_meta
 from sapiens2.runtime.runtime import Runtime
 from sapiens2.tasks import export_result
@@ -21,7 +23,8 @@ from sapiens2.tasks.registry import ALL_TASKS, TASKS, get_task
 from sapiens2.vision.dense import pointmap_to_image, to_hwc
 from sapiens2.vision.detector import YoloPersonDetector
 from sapiens2.vision.images import load_image
-from sapiens2.vision.processing import preprocess
+from sapiens2.vision.pose_decoding import decode_keypoints
+from sapiens2.vision.processing import crop_persons, preprocess
 
 PHOTOS = ("assets/grace_hopper.jpg", "assets/astronaut.png")
 
@@ -171,6 +174,32 @@ def test_flip_test_changes_keypoints_but_not_their_count(runtime, photo):
     flipped = runtime.run("pose", photo, flip_test=True).prediction.persons
     assert len(plain) == len(flipped)
     assert not np.allclose(plain[0].keypoints, flipped[0].keypoints)
+
+
+def test_flip_test_is_the_model_run_on_each_crop_and_on_its_mirror_image(runtime, photo, monkeypatch):
+    """The flip test runs the crops and their mirror images as one batch; the decoder gets the heatmaps of
+    two separate forwards (the plain crops, and the mirrored ones with their heatmaps flipped back)."""
+    decoded = []
+
+    def recording_decode(heatmaps, boxes, size, flipped=None):
+        decoded.append((heatmaps, boxes, flipped))
+        return decode_keypoints(heatmaps, boxes, size, flipped)
+
+    monkeypatch.setattr(pose_pipeline, "decode_keypoints", recording_decode)
+    runtime.run("pose", photo, flip_test=True)
+    ((heatmaps, boxes, flipped),) = decoded
+    repo_id = get_task("pose").repo_id(None)
+    model, settings = runtime.model(repo_id), runtime.settings(repo_id, POSE)
+    crops = crop_persons(photo.model_rgb, boxes, settings)
+    pairs = torch.tensor(model.config.flip_pairs or keypoints308().flip_pairs).reshape(-1, 2)
+    plain = runtime.forward(model, crops).heatmaps
+    mirrored = runtime.forward(model, crops.flip(-1), flip_pairs=pairs).heatmaps
+    # A batch of 2n and two of n differ in float32 rounding only. (The random model's flat heatmaps make
+    # the decoded keypoints of so small a difference jump between near-equal maxima: heatmaps are compared.)
+    assert flipped is not None and len(heatmaps) == len(flipped) == len(boxes) >= 1
+    torch.testing.assert_close(heatmaps, plain, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(flipped, mirrored, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(flipped, plain, rtol=1e-4, atol=1e-5)
 
 
 def test_progress_says_each_stage_in_order(runtime, photo):
