@@ -188,14 +188,15 @@ def _keypoints(context: PipelineContext[PoseOptions], photos: Sequence[Photo[Pos
     crops = torch.cat([photo.values.crops for photo in photos])
     for photo in photos:
         photo.values.crops = None
-    context.stage(f"running the model on {len(crops)} person{'s' * (len(crops) != 1)}")
-    flipped = None
+    count = len(crops)
+    context.stage(f"running the model on {count} person{'s' * (count != 1)}")
     if context.options.flip_test:
         # The crops and their mirror images in one batch: on a GPU one pass of kernel launches, not two.
-        both = context.forward(model, torch.cat([crops, crops.flip(-1)])).heatmaps
-        heatmaps, flipped = both[: len(crops)], flip_back(both[len(crops) :], _flip_pairs(model, meta))
-    else:
-        heatmaps = context.forward(model, crops).heatmaps
+        crops = torch.cat([crops, crops.flip(-1)])
+    heatmaps = context.forward(model, crops).heatmaps
+    flipped = None
+    if context.options.flip_test:
+        heatmaps, flipped = heatmaps[:count], flip_back(heatmaps[count:], _flip_pairs(model, meta))
     starts = np.cumsum([0] + [len(photo.values.detections) for photo in photos]).tolist()
     size = context.settings().size
     for index, photo in enumerate(photos):
