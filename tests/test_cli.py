@@ -238,6 +238,41 @@ def test_a_folder_gets_every_output_and_the_broken_photo_is_reported(first_run):
     assert document["image"] == {"width": 512, "height": 600} and 1 <= len(document["persons"]) <= 4
 
 
+def test_all_reads_each_photo_once_runs_the_body_part_model_once_and_writes_what_each_task_alone_does(
+    photos, setup_args, tmp_path, monkeypatch
+):
+    """Every task on a batch of photos before the next batch: normals and depth take the body-part task's
+    labels of the same photo; the files are those of each task run alone, byte for byte."""
+    import sapiens2.batch.local as local
+    from sapiens2.models.modeling import Sapiens2ForSemanticSegmentation
+
+    alone = tmp_path / "alone"
+    for task in ALL_TASKS:
+        assert run_cli(task, photos, "--out", alone, "--batch-size", 2, *setup_args)[0] == EXIT_OK
+    reads, body_part_images = [], []
+    read, forward = local.load_image, Sapiens2ForSemanticSegmentation.forward
+
+    def counted_read(path, *args, **kwargs):
+        reads.append(Path(path).name)
+        return read(path, *args, **kwargs)
+
+    def counted_forward(self, pixel_values, *args, **kwargs):
+        body_part_images.append(len(pixel_values))
+        return forward(self, pixel_values, *args, **kwargs)
+
+    monkeypatch.setattr(local, "load_image", counted_read)
+    monkeypatch.setattr(Sapiens2ForSemanticSegmentation, "forward", counted_forward)
+    together = tmp_path / "together"
+    assert run_cli("all", photos, "--out", together, "--batch-size", 2, *setup_args)[0] == EXIT_OK
+    assert sorted(reads) == ["astronaut.png", "broken.jpg", "grace_hopper.jpg"]  # the broken one fails once
+    assert sum(body_part_images) == len(PHOTOS)
+    assert files_under(together) == files_under(alone)
+    different = [
+        name for name in files_under(alone) if (alone / name).read_bytes() != (together / name).read_bytes()
+    ]
+    assert different == []
+
+
 def test_a_rerun_skips_existing_outputs_and_overwrite_rewrites_them(first_run, photos, setup_args):
     out, _, _ = first_run
     before = {path: path.stat().st_mtime_ns for path in out.rglob("*") if path.is_file()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from sapiens2.batch.video import (
 from sapiens2.outputs.results import TaskResult
 from sapiens2.runtime import Runtime
 from sapiens2.tasks import Task
+from sapiens2.tasks.overview import values_from_earlier
 from sapiens2.vision.images import ImageInputError, LoadedImage, load_image
 
 
@@ -49,8 +50,7 @@ def run_locally(request: BatchRequest, runtime: Runtime) -> int:
     names = ", ".join(task.name for task in request.tasks)
     where = f"{runtime.device_label}, {runtime.dtype_label}"
     print(f"{names} on {count(len(sources), 'file')} ({where}) -> {out}")
-    for task in request.tasks:
-        run.task(task, sources)
+    run.tasks(request.tasks, sources)
     print_summary(run.report, time.perf_counter() - start, out)
     if run.report.succeeded:
         return EXIT_OK
@@ -73,8 +73,32 @@ class Run:
 
     def task(self, task: Task, sources: Sequence[Source]) -> None:
         """Run one task on every source that still needs it; a model or detector failure stops the task."""
+        self.tasks([task], sources)
+
+    def tasks(self, tasks: Sequence[Task], sources: Sequence[Source]) -> None:
+        """Run the tasks on every source that still needs them: the photos a batch at a time, each batch read
+        once and run through every task in turn (so a task takes what it can from the earlier tasks' results
+        of the same photo: normals and depth the body-part task's labels); then the videos, task by task. A
+        model or detector failure stops its task, and only that one."""
+        todo = {task.name: self.pending(task, sources) for task in tasks}
+        stopped: set[str] = set()
+        photos = {name: [source for source in found if not source.is_video] for name, found in todo.items()}
+        self.images(tasks, sources, photos, stopped)
+        for task in tasks:
+            if task.name in stopped:
+                continue
+            try:
+                for source in todo[task.name]:
+                    if source.is_video and source.path not in self.unreadable:
+                        self.video(task, source)
+            except TASK_ERRORS as error:
+                self.report.fail(f"{task.name} (task stopped)", error)
+
+    def pending(self, task: Task, sources: Sequence[Source]) -> list[Source]:
+        """The sources `task` still has to run on; those with outputs already there are counted as kept, and
+        a source whose output names would be too long fails (once) before any model runs."""
         readable = [source for source in sources if source.path not in self.unreadable]
-        for source in readable:  # known up front: the model never runs for outputs that cannot be named
+        for source in readable:
             if any(too_long(path) for path in self.plan.outputs(task, source)):
                 self.unreadable.add(source.path)
                 self.report.fail(source.label, "Its output file names would be too long for this system.")
@@ -84,29 +108,64 @@ class Run:
             outputs = self.plan.outputs(task, source)
             self.report.succeeded += bool(outputs)
             self.report.kept += len(outputs)
-        try:
-            self.images(task, [source for source in todo if not source.is_video])
-            for source in todo:
-                if source.is_video:
-                    self.video(task, source)
-        except TASK_ERRORS as error:
-            self.report.fail(f"{task.name} (task stopped)", error)
+        return todo
 
-    def images(self, task: Task, sources: Sequence[Source]) -> None:
-        if not sources:
+    def images(
+        self,
+        tasks: Sequence[Task],
+        sources: Sequence[Source],
+        todo: Mapping[str, Sequence[Source]],
+        stopped: set[str],
+    ) -> None:
+        """The photos of `todo` (task name -> sources) in batches, in the order of `sources`: each batch read
+        once, then run through every task that has photos in it, in the tasks' order."""
+        total = sum(map(len, todo.values()))
+        if not total:
             return
-        stats = self.report.stats.setdefault(task.name, TaskStats())
+        wanted = {name: {source.path for source in found} for name, found in todo.items()}
+        needed = set().union(*wanted.values())
+        photos = [source for source in sources if source.path in needed]
         batch_size = self.request.batch_size
-        with tqdm(total=len(sources), desc=task.name, unit="image", leave=False) as bar:
-            for start in range(0, len(sources), batch_size):
-                chunk = sources[start : start + batch_size]
-                for source, result in self.results(task, self.loaded(chunk)):
-                    self.save(result, task, source)  # drawing the pictures it writes, counted below
-                    stats.images += 1
-                    stats.seconds += result.timings.total
-                    if result.persons is not None:
-                        stats.persons = (stats.persons or 0) + result.persons
-                bar.update(len(chunk))
+        names = ", ".join(task.name for task in tasks if todo[task.name])
+        with tqdm(total=total, desc=names, unit="image", leave=False) as bar:
+            for start in range(0, len(photos), batch_size):
+                chunk = [s for s in photos[start : start + batch_size] if s.path not in self.unreadable]
+                batch = self.loaded(chunk)
+                earlier: dict[Path, list[TaskResult]] = {}
+                for index, task in enumerate(tasks):
+                    pairs = [(source, image) for source, image in batch if source.path in wanted[task.name]]
+                    if task.name in stopped or not pairs:
+                        bar.update(len(pairs))
+                        continue
+                    try:
+                        done = self.results(task, pairs, earlier)
+                    except TASK_ERRORS as error:
+                        stopped.add(task.name)
+                        self.report.fail(f"{task.name} (task stopped)", error)
+                        bar.update(len(pairs))
+                        continue
+                    later = tasks[index + 1 :]
+                    for source, result in done:
+                        self.count(result, task, source)
+                        if self.useful_later(result, later):
+                            earlier.setdefault(source.path, []).append(result)
+                    bar.update(len(pairs))
+
+    def count(self, result: TaskResult, task: Task, source: Source) -> None:
+        """Write a result's files (drawing the pictures it writes) and count it in the task's figures."""
+        self.save(result, task, source)
+        stats = self.report.stats.setdefault(task.name, TaskStats())
+        stats.images += 1
+        stats.seconds += result.timings.total
+        if result.persons is not None:
+            stats.persons = (stats.persons or 0) + result.persons
+
+    def useful_later(self, result: TaskResult, later: Sequence[Task]) -> bool:
+        """Whether one of the `later` tasks takes values from `result` (kept until the batch is done)."""
+        return any(values_from_earlier(task, self.repo_id(task), [result]) is not None for task in later)
+
+    def repo_id(self, task: Task) -> str:
+        return self.request.model or task.repo_id(task.size_or_default(self.request.size))
 
     def loaded(self, sources: Sequence[Source]) -> list[tuple[Source, LoadedImage]]:
         """The photos that can be read; the others are reported once and left out of later tasks."""
@@ -119,15 +178,24 @@ class Run:
                 self.report.fail(source.label, error)
         return loaded
 
-    def results(self, task: Task, batch: list[tuple[Source, LoadedImage]]) -> list[tuple[Source, TaskResult]]:
-        """(source, result) pairs of a batch; when the batch fails, each photo is tried alone."""
+    def results(
+        self,
+        task: Task,
+        batch: list[tuple[Source, LoadedImage]],
+        earlier: Mapping[Path, Sequence[TaskResult]],
+    ) -> list[tuple[Source, TaskResult]]:
+        """(source, result) pairs of a batch, each photo starting with what it takes from its `earlier`
+        results; when the batch fails, each photo is tried alone."""
+        repo_id = self.repo_id(task)
 
         def run(pairs: list[tuple[Source, LoadedImage]]) -> list[TaskResult]:
+            given = [values_from_earlier(task, repo_id, earlier.get(source.path, ())) for source, _ in pairs]
             return self.runtime.run_batch(
                 task.name,
                 [image for _, image in pairs],
                 size=task.size_or_default(self.request.size),
                 model=self.request.model,
+                given=None if all(values is None for values in given) else given,
                 pictures=False,  # drawn when written, those planned only
                 **self.request.task_options(task),
             )
