@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from huggingface_hub.utils import tqdm  # the tqdm that huggingface_hub, a dependency, ships with
@@ -147,8 +147,8 @@ class Run:
                     later = tasks[index + 1 :]
                     for source, result in done:
                         self.count(result, task, source)
-                        if self.useful_later(result, later):
-                            earlier.setdefault(source.path, []).append(result)
+                        if self.useful_later(result, later):  # without its pictures, drawn to be written
+                            earlier.setdefault(source.path, []).append(replace(result, pictures=[]))
                     bar.update(len(pairs))
 
     def count(self, result: TaskResult, task: Task, source: Source) -> None:
