@@ -122,6 +122,9 @@ class Run:
         total = sum(map(len, todo.values()))
         if not total:
             return
+        for task in tasks:  # the summary's lines in the tasks' order
+            if todo[task.name]:
+                self.report.stats.setdefault(task.name, TaskStats())
         wanted = {name: {source.path for source in found} for name, found in todo.items()}
         needed = set().union(*wanted.values())
         photos = [source for source in sources if source.path in needed]
