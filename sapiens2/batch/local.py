@@ -132,27 +132,35 @@ class Run:
         names = ", ".join(task.name for task in tasks if todo[task.name])
         with tqdm(total=total, desc=names, unit="image", leave=False) as bar:
             for start in range(0, len(photos), batch_size):
-                chunk = [s for s in photos[start : start + batch_size] if s.path not in self.unreadable]
-                batch = self.loaded(chunk)
+                part = photos[start : start + batch_size]
+                batch = self.loaded([source for source in part if source.path not in self.unreadable])
                 earlier: dict[Path, list[TaskResult]] = {}
                 for index, task in enumerate(tasks):
                     pairs = [(source, image) for source, image in batch if source.path in wanted[task.name]]
-                    if task.name in stopped or not pairs:
-                        bar.update(len(pairs))
-                        continue
-                    try:
-                        done = self.results(task, pairs, earlier)
-                    except TASK_ERRORS as error:
-                        stopped.add(task.name)
-                        self.report.fail(f"{task.name} (task stopped)", error)
-                        bar.update(len(pairs))
-                        continue
-                    later = tasks[index + 1 :]
-                    for source, result in done:
-                        self.count(result, task, source)
-                        if self.useful_later(result, later):  # without its pictures, drawn to be written
-                            earlier.setdefault(source.path, []).append(replace(result, pictures=[]))
-                    bar.update(len(pairs))
+                    if pairs and task.name not in stopped:
+                        self.batch(task, pairs, earlier, tasks[index + 1 :], stopped)
+                    bar.update(sum(source.path in wanted[task.name] for source in part))
+
+    def batch(
+        self,
+        task: Task,
+        pairs: list[tuple[Source, LoadedImage]],
+        earlier: dict[Path, list[TaskResult]],
+        later: Sequence[Task],
+        stopped: set[str],
+    ) -> None:
+        """One task on a batch of photos, its results written and counted; those a `later` task takes from
+        are added to `earlier`. A model or detector failure stops the task (added to `stopped`)."""
+        try:
+            done = self.results(task, pairs, earlier)
+        except TASK_ERRORS as error:
+            stopped.add(task.name)
+            self.report.fail(f"{task.name} (task stopped)", error)
+            return
+        for source, result in done:
+            self.count(result, task, source)
+            if self.useful_later(result, later):  # without its pictures, drawn to be written
+                earlier.setdefault(source.path, []).append(replace(result, pictures=[]))
 
     def count(self, result: TaskResult, task: Task, source: Source) -> None:
         """Write a result's files (drawing the pictures it writes) and count it in the task's figures."""
