@@ -92,7 +92,7 @@ class Run:
                     if source.is_video and source.path not in self.unreadable:
                         self.video(task, source)
             except TASK_ERRORS as error:
-                self.report.fail(f"{task.name} (task stopped)", error)
+                self.stop(task, error, stopped)
 
     def pending(self, task: Task, sources: Sequence[Source]) -> list[Source]:
         """The sources `task` still has to run on; those with outputs already there are counted as kept, and
@@ -154,13 +154,17 @@ class Run:
         try:
             done = self.results(task, pairs, earlier)
         except TASK_ERRORS as error:
-            stopped.add(task.name)
-            self.report.fail(f"{task.name} (task stopped)", error)
+            self.stop(task, error, stopped)
             return
         for source, result in done:
             self.count(result, task, source)
             if self.useful_later(result, later):  # without its pictures, drawn to be written
                 earlier.setdefault(source.path, []).append(replace(result, pictures=[]))
+
+    def stop(self, task: Task, error: BaseException, stopped: set[str]) -> None:
+        """A failure of the task itself (its checkpoint, its detector): reported once, and the task stops."""
+        stopped.add(task.name)
+        self.report.fail(f"{task.name} (task stopped)", error)
 
     def count(self, result: TaskResult, task: Task, source: Source) -> None:
         """Write a result's files (drawing the pictures it writes) and count it in the task's figures."""
