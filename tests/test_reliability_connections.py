@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 from app_server import environment, running_app, tiny_detector
-from test_reliability_attacks import PeakMemory, report
+from peak_memory import PeakMemory, report
 
 from sapiens2.serving.connections import ConnectionGuard, quiet_accept_errors
 

@@ -17,12 +17,11 @@ import zlib
 import httpx
 import pytest
 from app_server import environment, first_stream_answer, running_app, tiny_detector
+from peak_memory import PeakMemory, report
 from PIL import Image
 from test_reliability_attacks import (
     GOOD_PHOTO,
     HOSTILE_BUDGET,
-    PeakMemory,
-    report,
     slow_forward,
     still_serving,
     wait_for,

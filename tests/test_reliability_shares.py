@@ -22,7 +22,8 @@ from app_server import PHOTOS, Client, environment, running_app, tiny_detector
 from bad_videos import write_video
 from gradio_client import handle_file
 from gradio_client.exceptions import AppError
-from test_reliability_attacks import PeakMemory, report, slow_forward, wait_for
+from peak_memory import PeakMemory, report
+from test_reliability_attacks import slow_forward, wait_for
 from test_reliability_battery import check_sentence, upload
 
 import app
