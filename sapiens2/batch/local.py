@@ -177,10 +177,9 @@ class Run:
 
     def useful_later(self, result: TaskResult, later: Sequence[Task]) -> bool:
         """Whether one of the `later` tasks takes values from `result` (kept until the batch is done)."""
-        return any(values_from_earlier(task, self.repo_id(task), [result]) is not None for task in later)
-
-    def repo_id(self, task: Task) -> str:
-        return self.request.model or task.repo_id(task.size_or_default(self.request.size))
+        return any(
+            values_from_earlier(task, self.request.repo_id(task), [result]) is not None for task in later
+        )
 
     def loaded(self, sources: Sequence[Source]) -> list[tuple[Source, LoadedImage]]:
         """The photos that can be read; the others are reported once and left out of later tasks."""
@@ -201,7 +200,7 @@ class Run:
     ) -> list[tuple[Source, TaskResult]]:
         """(source, result) pairs of a batch, each photo starting with what it takes from its `earlier`
         results; when the batch fails, each photo is tried alone."""
-        repo_id = self.repo_id(task)
+        repo_id = self.request.repo_id(task)
 
         def run(pairs: list[tuple[Source, LoadedImage]]) -> list[TaskResult]:
             given = [values_from_earlier(task, repo_id, earlier.get(source.path, ())) for source, _ in pairs]

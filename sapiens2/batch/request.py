@@ -46,3 +46,7 @@ class BatchRequest:
         too."""
         names = {option.name for option in (task.all_options if videos else task.options)}
         return {name: value for name, value in self.options.items() if name in names and value is not None}
+
+    def repo_id(self, task: Task) -> str:
+        """The checkpoint `task` runs: the one given with --model, else the registry's at the chosen size."""
+        return self.model or task.repo_id(task.size_or_default(self.size))

@@ -224,6 +224,7 @@ def run(request: BatchRequest) -> int:
 
 
 def _run(request: BatchRequest, out: Place) -> int:
+    request = replace(request, detector=_local_path(request.detector), model=_local_path(request.model))
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     start = time.perf_counter()
     found, missing = find_inputs(request.inputs, out)
@@ -277,14 +278,14 @@ def _run(request: BatchRequest, out: Place) -> int:
             continue
         job = Job(
             task=task.name,
-            repo_id=_local_path(request.model) or task.repo_id(task.size_or_default(request.size)),
+            repo_id=request.repo_id(task),
             options=task.checked_options(request.task_options(task), option_device),
             plan=plan,
             out=out,
             filesystems=tuple(filesystems),
             device=request.device,
             dtype=request.dtype,
-            detector=_local_path(request.detector),
+            detector=request.detector,
             batch_size=request.batch_size,
             settings=current(),
         )
@@ -318,9 +319,8 @@ def _run(request: BatchRequest, out: Place) -> int:
         unreadable |= {f["path"] for f in sink.totals.failures if f["stage"] in READ_STAGES}
     played = Report()
     if videos:
-        alone = replace(request, detector=_local_path(request.detector), model=_local_path(request.model))
         gpus = request.device != "cpu" and cluster.get("GPU", 0) >= 1
-        played = run_videos(alone, videos, current(), gpus)
+        played = run_videos(request, videos, current(), gpus)
     return _summary(runs, inputs_failures, time.perf_counter() - start, out, len(photos), played)
 
 
