@@ -152,3 +152,23 @@ def test_a_process_adds_what_only_it_measured_and_takes_the_files_choice(tmp_pat
     slower = Work({kernels.ATEN: 2, kernels.ONEDNN: 1})
     assert kernels.choose("another process's", slower.candidates(), clock=slower.clock) == kernels.ONEDNN
     assert sum(slower.runs.values()) == 0
+
+
+def test_processes_measuring_the_same_work_at_once_all_take_the_first_ones_choice(tmp_path):
+    # Two Ray actors measure the same model shape at the same time and find different paths faster; the
+    # second to finish takes the first's choice, so both compute alike.
+    path = tmp_path / kernels.FILE_NAME
+    kernels.remember_in(path)
+    key = f"{kernels.machine_key()} | shape"
+    work = Work({kernels.ATEN: 1, kernels.ONEDNN: 2})
+    measure = work.run
+
+    def run_while_the_other_process_finishes() -> None:
+        measure()
+        if not path.exists():
+            path.write_text(json.dumps({key: kernels.ONEDNN}))
+
+    candidates = dict.fromkeys(work.cost, run_while_the_other_process_finishes)
+    assert kernels.choose("shape", candidates, clock=work.clock) == kernels.ONEDNN  # its own timing: aten
+    assert json.loads(path.read_text()) == {key: kernels.ONEDNN}
+    assert kernels.choose("shape", work.candidates(), clock=work.clock) == kernels.ONEDNN

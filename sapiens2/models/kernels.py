@@ -100,9 +100,16 @@ def choose(key: str, candidates: Mapping[str, Callable[[], object]], clock=time.
             return _choices[full_key]
     chosen = fastest(candidates, clock=clock)
     with _lock:
-        _choices[full_key] = chosen
         if _file is not None:
-            _write(_file, {**_read(_file), full_key: chosen})
+            # Processes that measured the same work at once (Ray's model actors starting together) all take
+            # the first one's choice, so their results agree to the bit.
+            with _locked(_file):
+                saved = _read(_file)
+                if full_key in saved:
+                    chosen = saved[full_key]
+                else:
+                    _write(_file, {**saved, full_key: chosen})
+        _choices[full_key] = chosen
     return chosen
 
 
@@ -133,6 +140,25 @@ def _read(path: Path | None) -> dict[str, str]:
     if not isinstance(data, dict):
         return {}
     return {str(key): value for key, value in data.items() if value in (ATEN, ONEDNN)}
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """The file's lock between processes (a lock file beside it) for a read then a write; where none can
+    be taken (no such folder, a read-only disk, no fcntl), the block runs without it."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # closing releases the lock
 
 
 def _write(path: Path, choices: dict[str, str]) -> None:
