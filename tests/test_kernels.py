@@ -172,3 +172,17 @@ def test_processes_measuring_the_same_work_at_once_all_take_the_first_ones_choic
     assert kernels.choose("shape", candidates, clock=work.clock) == kernels.ONEDNN  # its own timing: aten
     assert json.loads(path.read_text()) == {key: kernels.ONEDNN}
     assert kernels.choose("shape", work.candidates(), clock=work.clock) == kernels.ONEDNN
+
+
+def test_a_file_system_without_locks_only_loses_the_lock(tmp_path, monkeypatch):
+    fcntl = pytest.importorskip("fcntl")
+
+    def no_locks(*_):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = tmp_path / kernels.FILE_NAME
+    kernels.remember_in(path)
+    work = Work({kernels.ATEN: 2, kernels.ONEDNN: 1})
+    assert kernels.choose("shape", work.candidates(), clock=work.clock) == kernels.ONEDNN
+    assert list(json.loads(path.read_text()).values()) == [kernels.ONEDNN]

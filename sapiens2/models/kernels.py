@@ -155,7 +155,8 @@ def _locked(path: Path) -> Iterator[None]:
         yield
         return
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a file system without locks (some network ones)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
     finally:
         os.close(handle)  # closing releases the lock
