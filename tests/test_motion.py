@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -20,13 +21,14 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from motion_scene import FPS, FRAMES, HEIGHT, WIDTH, actors, project, render, visible
+from motion_scene import FPS, FRAMES, FY, HEIGHT, WIDTH, actors, project, render, visible
 
 from sapiens2.batch.video import VideoJob, process_video
 from sapiens2.data.metadata import keypoints308
 from sapiens2.outputs.results import TaskResult
 from sapiens2.pipelines.depth import DepthPrediction
 from sapiens2.pipelines.pose import PosePrediction
+from sapiens2.serving.motion_view import camera_orbit
 from sapiens2.tasks.registry import get_task
 from sapiens2.vision.detector import Detections
 from sapiens2.vision.pose_decoding import Person
@@ -276,6 +278,45 @@ def test_glb_animation_matches_the_bvh(captured):
                 assert np.allclose(out[f"{name}_{track}"], bvh[name][t], atol=1e-4), (name, t)
 
 
+def test_the_glb_and_the_view_hold_the_camera_that_filmed_the_video(captured):
+    """pygltflib reads the camera: at the origin, glTF's default orientation (looking down -Z, Y up, the
+    motion's axes), with the scene's field of view and the frames' aspect."""
+    import pygltflib
+
+    _, result, folder, _ = captured
+    for path in (folder / "crossing_motion.glb", result.view_path):
+        gltf = pygltflib.GLTF2().load(str(path))
+        (node,) = [node for node in gltf.nodes if node.camera is not None]
+        assert node.camera == 0 and gltf.nodes.index(node) in gltf.scenes[0].nodes
+        assert not node.translation and not node.rotation and not node.matrix
+        (camera,) = gltf.cameras
+        assert camera.type == "perspective"
+        assert camera.perspective.yfov == pytest.approx(2 * math.atan(HEIGHT / 2 / FY), rel=1e-3)
+        assert camera.perspective.aspectRatio == pytest.approx(WIDTH / HEIGHT)
+
+
+def test_the_page_viewer_starts_at_the_filming_camera(captured):
+    """The orbit given to the page's viewer puts it at the origin of the view file (the filming camera),
+    turning about the middle of the first frame's bounds, which reach from the picture to the camera."""
+    import pygltflib
+
+    _, result, folder, _ = captured
+    gltf = pygltflib.GLTF2().load(str(result.view_path))
+    mesh = next(mesh for mesh in gltf.meshes if mesh.name == "first_frame")
+    bounds = gltf.accessors[mesh.primitives[0].attributes.POSITION]
+    middle = (np.array(bounds.min) + np.array(bounds.max)) / 2
+    assert bounds.max[2] == 0 and bounds.min[2] < -4  # from the camera to the picture behind everyone
+    alpha, beta, radius = camera_orbit(result.view_path)
+    alpha, beta = math.radians(alpha), math.radians(beta)
+    # Babylon.js's ArcRotateCamera, which Gradio's Model3D shows: middle + radius * (the orbit's direction).
+    place = middle + radius * np.array(
+        [np.cos(alpha) * np.sin(beta), np.cos(beta), np.sin(alpha) * np.sin(beta)]
+    )
+    assert np.abs(place).max() < 1e-5
+    assert camera_orbit(folder / "crossing_motion.glb") is None  # no first frame in the motion file
+    assert camera_orbit(folder / "crossing_motion_1.bvh") is None  # not a GLB
+
+
 def test_frame_log_has_3d_keypoints(captured):
     scene, result, folder, _ = captured
     document = json.loads(result.log_path.read_text())
@@ -310,21 +351,30 @@ def _blender_python() -> Path:
 
 def test_blender_opens_the_files(captured):
     """Blender itself imports every BVH and the GLB; its armatures' joints stand where the files put them
-    (bvhio's reading of the BVH, which the tests above hold to the ground truth) within 1 cm."""
+    (bvhio's reading of the BVH, which the tests above hold to the ground truth) within 1 cm, and the GLB's
+    camera, as Blender imports it, sees each joint where the video's camera (the scene's own intrinsics)
+    sees that joint, within a pixel: a render from it lays the skeletons over the video."""
     python = _blender_python()
     scene, result, folder, _ = captured
     frames = [0, FRAMES // 2, FRAMES - 1]
     files = [str(path) for path in sorted(result.motion_paths)]
     script = Path(__file__).with_name("blender_read.py")
     run = subprocess.run(
-        [str(python), str(script), str(FPS), ",".join(map(str, frames)), *files],
+        [str(python), script, "--size", f"{WIDTH}x{HEIGHT}", str(FPS), ",".join(map(str, frames)), *files],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    report = json.loads(run.stdout.split("MOTION-JSON ", 1)[1].splitlines()[0])
+    read = json.loads(run.stdout.split("MOTION-JSON ", 1)[1].splitlines()[0])
+    report, pixels = read["positions"], read["pixels"]
     glb = report[str(folder / "crossing_motion.glb")]
+    assert list(pixels) == [str(folder / "crossing_motion.glb")]  # the one file with a camera
+    for armature, bones in glb.items():
+        for bone, places in bones.items():
+            for frame, place in places.items():
+                seen = pixels[str(folder / "crossing_motion.glb")][armature][bone][frame]
+                assert np.linalg.norm(np.array(seen) - project(np.array(place))) < 1.0, (bone, frame)
     for path in sorted(folder.glob("crossing_motion_*.bvh")):
         track = path.stem.rsplit("_", 1)[1]
         expected = _bvh_positions(path)

@@ -1,6 +1,6 @@
 """The Video tab's motion capture in a real browser (headless Chromium, Playwright, the real app server with
-the tiny checkpoints): the animated skeletons play in the page's 3-D viewer over the clip's first frame, with
-the motion files among the downloads.
+the tiny checkpoints): the animated skeletons play in the page's 3-D viewer over the clip's first frame, seen
+from the filming camera, with the motion files among the downloads.
 
 The tiny random checkpoints see no person, so the models are stood in for, as in test_motion.py: the
 runtime's `prepare` and `run_batch` answer the synthetic crossing's keypoints and pointmaps (everything after
@@ -38,6 +38,19 @@ def _first_frame_drawn(picture: np.ndarray) -> bool:
     return (picture.max(axis=-1) < 40).mean() > BACKDROP
 
 
+def _seen_from_the_camera(picture: np.ndarray) -> bool:
+    """Whether the first frame (nearly black) fills the viewer's height with upright sides, within 2 pixels
+    (the label and the buttons cover the top rows; the last row is the canvas's edge)."""
+    dark = picture.max(axis=-1) < 40
+    height, width = dark.shape
+    rows = range(int(0.15 * height), height - 2)
+    if not all(dark[row].any() for row in rows):
+        return False
+    lefts = [int(np.argmax(dark[row])) for row in rows]
+    rights = [width - 1 - int(np.argmax(dark[row][::-1])) for row in rows]
+    return max(np.ptp(lefts), np.ptp(rights)) <= 2
+
+
 def test_the_video_tab_plays_the_motion(page, tmp_path, monkeypatch):  # noqa: F811
     scene = _scene()
     stand_in = StandInRuntime(scene)
@@ -64,14 +77,17 @@ def test_the_video_tab_plays_the_motion(page, tmp_path, monkeypatch):  # noqa: F
     viewer.wait_for(timeout=RESULT_TIMEOUT_MS)
 
     # The viewer loads the file, then draws it: the clip's first frame behind the skeletons, once its
-    # picture is in, covers much of the viewer.
+    # picture is in, covers much of the viewer. It starts at the filming camera: the first frame faces it
+    # square on (its sides upright, where from the viewer's default place above it they slant), as near
+    # as the camera, so it fills the viewer's height.
     looks = iter(range(LOOKS))
     first = _picture(viewer)
-    while not _first_frame_drawn(first) and next(looks, None) is not None:
+    while not (_first_frame_drawn(first) and _seen_from_the_camera(first)) and next(looks, None) is not None:
         page.wait_for_timeout(250)
         first = _picture(viewer)
     assert _first_frame_drawn(first), "the viewer never drew the clip's first frame"
     assert first.std(axis=(0, 1)).max() > 20, "the viewer shows the scene, not a blank canvas"
+    assert _seen_from_the_camera(first), "the viewer does not start at the filming camera"
     # Then it plays the animation: a later picture differs where the skeletons moved, while the first frame
     # behind them stays put.
     later, changed = first, np.zeros(first.shape[:2], dtype=bool)

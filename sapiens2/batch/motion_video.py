@@ -97,7 +97,13 @@ class VideoMotion:
             return None
         recorder = self.recorder
         return write_motion(
-            directory, stem, recorder.motions(), self.fps, recorder.backdrop(), VIEWER_SUFFIX
+            directory,
+            stem,
+            recorder.motions(),
+            self.fps,
+            recorder.filmed(),
+            recorder.backdrop(),
+            VIEWER_SUFFIX,
         )[0]
 
     @property

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from sapiens2.outputs.bvh import write_bvh
-from sapiens2.outputs.motion_gltf import Backdrop, write_motion
+from sapiens2.outputs.motion_gltf import Backdrop, Filmed, write_motion
 from sapiens2.vision.intrinsics import Intrinsics
 from sapiens2.vision.lifting import camera_of, insets, keypoint_depths, lift, nan_median, own_depths
 from sapiens2.vision.motion_fit import Motion, fit_motion
@@ -43,6 +43,7 @@ class MotionRecorder:
         self.tracks: dict[int, _Track] = {}
         self.cameras: list[Intrinsics] = []
         self.first_frame: np.ndarray | None = None
+        self.frame_size: tuple[int, int] | None = None  # (height, width): the pointmaps', the frames' own
         self.seconds = 0.0  # CPU seconds spent in add and motions (the cost per person and frame)
         self.person_frames = 0
         self._motions: list[Motion] | None = None
@@ -60,6 +61,8 @@ class MotionRecorder:
         start = time.thread_time()
         if self.first_frame is None and rgb is not None:
             self.first_frame = rgb
+        if self.frame_size is None:
+            self.frame_size = pointmap.shape[:2]
         if len(self.cameras) < CAMERA_FRAMES:
             camera = camera_of(pointmap)
             if camera is not None:
@@ -132,6 +135,14 @@ class MotionRecorder:
         machine does not inflate it)."""
         return 1000 * self.seconds / max(1, self.person_frames)
 
+    def filmed(self) -> Filmed | None:
+        """The camera fitted to the first frames, with the frames' size."""
+        camera = self.camera
+        if self.frame_size is None or camera is None:
+            return None
+        height, width = self.frame_size
+        return Filmed(camera, width, height)
+
     def backdrop(self) -> Backdrop | None:
         """The first frame where the camera saw it, behind every person."""
         camera = self.camera
@@ -143,7 +154,7 @@ class MotionRecorder:
     def write(self, directory: str | os.PathLike, stem: str) -> list[Path]:
         """`{stem}_motion.glb` (every person) and `{stem}_motion_{id}.bvh` per person."""
         motions = self.motions()
-        written = write_motion(directory, stem, motions, self.fps)
+        written = write_motion(directory, stem, motions, self.fps, self.filmed())
         for motion in motions:
             written += write_bvh(directory, stem, motion)
         return written

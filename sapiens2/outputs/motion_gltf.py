@@ -1,9 +1,10 @@
 """Every person's motion in one binary glTF: a skinned skeleton each (joints as nodes, a mesh of thin
-octahedra on the bones so any viewer shows it) and one animation that moves them all; optionally a picture
-(the video's first frame) standing behind them where the camera saw it."""
+octahedra on the bones so any viewer shows it) and one animation that moves them all; the camera that filmed
+them; optionally a picture (the video's first frame) standing behind them where the camera saw it."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,15 @@ MOTION_GLB_SUFFIX = "_motion.glb"
 # One colour per person, in the order of their ids (linear RGB).
 PERSON_COLOURS = ((0.9, 0.35, 0.1), (0.1, 0.45, 0.9), (0.2, 0.75, 0.3), (0.85, 0.2, 0.6), (0.9, 0.75, 0.1))
 BACKDROP_SIDE = 1024  # the picture's longer side in the file, at most
+
+
+@dataclass(frozen=True)
+class Filmed:
+    """The camera that filmed the motion, and its frames' size in pixels."""
+
+    camera: Intrinsics
+    width: int
+    height: int
 
 
 @dataclass(frozen=True)
@@ -173,8 +183,11 @@ def _backdrop(backdrop: Backdrop, buffer: BufferBuilder, document: dict) -> int:
         ((u - camera.cx) / camera.fx * depth, -(v - camera.cy) / camera.fy * depth, -depth)
         for v, u in ((vs[1], us[0]), (vs[1], us[1]), (vs[0], us[1]), (vs[0], us[0]))
     ]
-    positions = np.array(corners, dtype="<f4")
-    uvs = np.array([[0, 1], [1, 1], [1, 0], [0, 0]], dtype="<f4")
+    # A fifth vertex, in no triangle, at the camera: the picture's bounds then reach from the camera to the
+    # picture, so a viewer that turns about the middle of the scene's bounds (the page's) can be placed at
+    # the camera (`serving/motion_view.py`).
+    positions = np.array([*corners, (0.0, 0.0, 0.0)], dtype="<f4")
+    uvs = np.array([[0, 1], [1, 1], [1, 0], [0, 0], [0.5, 0.5]], dtype="<f4")
     faces = np.array([0, 1, 2, 0, 2, 3], dtype="<u4")
     document["images"] = [{"bufferView": buffer.view(encoded.tobytes()), "mimeType": "image/jpeg"}]
     document["textures"] = [{"source": 0}]
@@ -197,10 +210,32 @@ def _backdrop(backdrop: Backdrop, buffer: BufferBuilder, document: dict) -> int:
     return len(document["nodes"]) - 1
 
 
+def _camera(filmed: Filmed, document: dict) -> int:
+    """Adds the camera that filmed the motion at the origin, looking down -Z with Y up (glTF's own camera
+    axes, which are the motion's); returns its node. glTF's camera has its principal point at the centre of
+    the picture, so one fitted off the centre shifts the view by the difference."""
+    document["cameras"] = [{
+        "name": "camera",
+        "type": "perspective",
+        "perspective": {
+            "yfov": 2 * math.atan(filmed.height / 2 / filmed.camera.fy),
+            "aspectRatio": filmed.width / filmed.height,
+            "znear": 0.01,
+        },
+    }]  # fmt: skip
+    document["nodes"].append({"name": "camera", "camera": 0})
+    return len(document["nodes"]) - 1
+
+
 def write_motion_glb(
-    file: BinaryIO, motions: list[Motion], fps: float, backdrop: Backdrop | None = None
+    file: BinaryIO,
+    motions: list[Motion],
+    fps: float,
+    filmed: Filmed | None = None,
+    backdrop: Backdrop | None = None,
 ) -> None:
-    """One GLB of every person's skeleton and one animation "motion" of them all at `fps`."""
+    """One GLB of every person's skeleton and one animation "motion" of them all at `fps`, with the camera
+    that `filmed` them."""
     document: dict = {
         "asset": {"version": "2.0", "generator": "Sapiens2 Studio"},
         "scene": 0,
@@ -218,6 +253,8 @@ def write_motion_glb(
         times = buffer.accessor((np.arange(frames) / fps).astype("<f4"), bounds=True)
         for number, motion in enumerate(motions):
             scene += _person(motion, number, buffer, document, times)
+    if filmed is not None:
+        scene.append(_camera(filmed, document))
     if backdrop is not None:
         scene.append(_backdrop(backdrop, buffer, document))
     for key in ("meshes", "materials", "skins"):
@@ -233,9 +270,10 @@ def write_motion(
     stem: str,
     motions: list[Motion],
     fps: float,
+    filmed: Filmed | None = None,
     backdrop: Backdrop | None = None,
     suffix: str = MOTION_GLB_SUFFIX,
 ) -> list[Path]:
-    """`{stem}_motion.glb`: every person's skeleton and their animation."""
+    """`{stem}_motion.glb`: every person's skeleton and their animation, and the camera."""
     target = _target(directory, stem, suffix)
-    return [_atomic_write(target, lambda file: write_motion_glb(file, motions, fps, backdrop))]
+    return [_atomic_write(target, lambda file: write_motion_glb(file, motions, fps, filmed, backdrop))]

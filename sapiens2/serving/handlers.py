@@ -32,6 +32,7 @@ from sapiens2.serving.device_time import request_seconds
 from sapiens2.serving.disk_room import check_room
 from sapiens2.serving.frames import frame_image
 from sapiens2.serving.live_streams import StreamWatch
+from sapiens2.serving.motion_view import camera_orbit
 from sapiens2.serving.requests import (
     StagedProgress,
     check_output,
@@ -246,19 +247,21 @@ def set_aside(scratch: ScratchSpace, path: Path) -> str:
 
 
 def motion_view_handler(scratch: ScratchSpace) -> Callable:
-    """The Video tab's event after a clip: the path of its motion's 3-D view (set aside by /video) for the
-    viewer, whose folder goes once Gradio has copied it; None when the clip has none."""
+    """The Video tab's event after a clip: its motion's 3-D view (set aside by /video) for the viewer, which
+    starts at the filming camera, and whose folder goes once Gradio has copied it; None when the clip has
+    none."""
 
-    def show(path: str | None) -> str | None:
-        if path is not None:
-            folder = Path(path).parent
-            with user_errors():
-                try:
-                    check_output(scratch, folder)
-                except BaseException:
-                    scratch.discard(folder)
-                    raise
-        return path
+    def show(path: str | None) -> gr.Model3D | None:
+        if path is None:
+            return None
+        folder = Path(path).parent
+        with user_errors():
+            try:
+                check_output(scratch, folder)
+            except BaseException:
+                scratch.discard(folder)
+                raise
+        return gr.Model3D(value=path, camera_position=camera_orbit(path) or (None, None, None))
 
     return show
 
