@@ -23,6 +23,7 @@ MOTION_GLB_SUFFIX = "_motion.glb"
 # One colour per person, in the order of their ids (linear RGB).
 PERSON_COLOURS = ((0.9, 0.35, 0.1), (0.1, 0.45, 0.9), (0.2, 0.75, 0.3), (0.85, 0.2, 0.6), (0.9, 0.75, 0.1))
 BACKDROP_SIDE = 1024  # the picture's longer side in the file, at most
+FIRST_FRAME = "first_frame"  # the name of the picture's node, mesh and material
 
 
 @dataclass(frozen=True)
@@ -193,20 +194,20 @@ def _backdrop(backdrop: Backdrop, buffer: BufferBuilder, document: dict) -> int:
     document["textures"] = [{"source": 0}]
     document["materials"].append(
         {
-            "name": "first_frame",
+            "name": FIRST_FRAME,
             "pbrMetallicRoughness": {"baseColorTexture": {"index": 0}, "metallicFactor": 0.0},
             "extensions": {"KHR_materials_unlit": {}},
             "doubleSided": True,
         }
     )
     document["extensionsUsed"] = ["KHR_materials_unlit"]
-    document["meshes"].append({"name": "first_frame", "primitives": [{
+    document["meshes"].append({"name": FIRST_FRAME, "primitives": [{
         "attributes": {"POSITION": buffer.accessor(positions, ARRAY_BUFFER, bounds=True),
                        "TEXCOORD_0": buffer.accessor(uvs, ARRAY_BUFFER)},
         "indices": buffer.accessor(faces, ELEMENT_ARRAY_BUFFER),
         "material": len(document["materials"]) - 1,
     }]})  # fmt: skip
-    document["nodes"].append({"name": "first_frame", "mesh": len(document["meshes"]) - 1})
+    document["nodes"].append({"name": FIRST_FRAME, "mesh": len(document["meshes"]) - 1})
     return len(document["nodes"]) - 1
 
 

@@ -9,8 +9,7 @@ import struct
 from pathlib import Path
 
 from sapiens2.outputs.glb import GLB_MAGIC, JSON_CHUNK
-
-FIRST_FRAME = "first_frame"  # the mesh of the picture behind the skeletons (outputs/motion_gltf.py)
+from sapiens2.outputs.motion_gltf import FIRST_FRAME
 
 
 def camera_orbit(path: str | Path) -> tuple[float, float, float] | None:
