@@ -1,10 +1,11 @@
-"""Binary glTF's container: a JSON chunk and a binary chunk, and a builder of the binary buffer's views and
-accessors from numpy arrays."""
+"""Binary glTF's container: a JSON chunk and a binary chunk, written (and the JSON read back), and a builder
+of the binary buffer's views and accessors from numpy arrays."""
 
 from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -30,6 +31,19 @@ def write_container(file: BinaryIO, document: dict, parts: list[np.ndarray | byt
         file.write(struct.pack("<II", binary, BIN_CHUNK))
         for part in parts:
             file.write(memoryview(part).cast("B"))
+
+
+def read_document(path: Path) -> dict | None:
+    """The JSON document of a GLB file (its first chunk); None for a file that is not one."""
+    try:
+        with path.open("rb") as file:
+            magic, _, _ = struct.unpack("<III", file.read(12))
+            length, kind = struct.unpack("<II", file.read(8))
+            if magic != GLB_MAGIC or kind != JSON_CHUNK:
+                return None
+            return json.loads(file.read(length))
+    except (OSError, struct.error, ValueError):
+        return None
 
 
 class BufferBuilder:

@@ -3,12 +3,10 @@ the people of the first frame behind them until the visitor turns the view."""
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from pathlib import Path
 
-from sapiens2.outputs.glb import GLB_MAGIC, JSON_CHUNK
+from sapiens2.outputs.glb import read_document
 from sapiens2.outputs.motion_gltf import FIRST_FRAME
 
 
@@ -21,7 +19,7 @@ def camera_orbit(path: str | Path) -> tuple[float, float, float] | None:
     those bounds: the picture at the back and, in the view file, a vertex at the camera; every skeleton
     stands between them, inside what the camera saw.
     """
-    document = _json_chunk(Path(path))
+    document = read_document(Path(path))
     if document is None:
         return None
     mesh = next((m for m in document.get("meshes", []) if m.get("name") == FIRST_FRAME), None)
@@ -38,16 +36,3 @@ def camera_orbit(path: str | Path) -> tuple[float, float, float] | None:
     alpha = math.atan2(z, x) % (2 * math.pi)
     beta = math.acos(max(-1.0, min(1.0, y / radius)))
     return math.degrees(alpha), math.degrees(beta), radius
-
-
-def _json_chunk(path: Path) -> dict | None:
-    """The JSON of a binary glTF file; None for anything else."""
-    try:
-        with path.open("rb") as file:
-            magic, _, _ = struct.unpack("<III", file.read(12))
-            length, kind = struct.unpack("<II", file.read(8))
-            if magic != GLB_MAGIC or kind != JSON_CHUNK:
-                return None
-            return json.loads(file.read(length))
-    except (OSError, struct.error, ValueError):
-        return None
